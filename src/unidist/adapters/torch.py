@@ -1,0 +1,154 @@
+"""The plain ``torch.distributed`` adapter: the reference implementation of the contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from unidist.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
+
+    from unidist._env import EnvReading, Topology
+    from unidist.adapters.base import PrimitiveOp
+
+__all__ = ["TorchAdapter", "init_method_for"]
+
+
+def init_method_for(env: EnvReading) -> str:
+    """The ``tcp://`` rendezvous address of ``env``, or an error that says what to set."""
+    if env.master_addr is None or env.master_port is None:
+        raise ConfigurationError(
+            f"WORLD_SIZE={env.world_size} ({env.launcher}) but MASTER_ADDR/MASTER_PORT are not "
+            f"set (MASTER_ADDR={env.master_addr!r}, MASTER_PORT={env.master_port!r}), so the ranks "
+            "cannot find each other. HINT: export MASTER_ADDR=<host of rank 0> and "
+            "MASTER_PORT=<free port> on every rank (with mpirun: -x MASTER_ADDR -x MASTER_PORT), "
+            "or start the job with torchrun or unidist launch."
+        )
+    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
+    return f"tcp://{host}:{env.master_port}"
+
+
+class TorchAdapter:
+    """Delegates to ``torch.distributed`` directly.
+
+    The rendezvous store is created once per process and address and kept across
+    ``finalize``/``initialize`` cycles; each cycle uses its own key prefix. Re-creating the store
+    on the same port races: a fast rank can join the previous cycle's server before the slow
+    rank 0 has shut it down.
+    """
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        self._owns = False
+        self._timeout: timedelta | None = None
+        self._stores: dict[tuple[str, int, int], Any] = {}
+        self._generation = 0
+
+    def detect(self, env: EnvReading) -> str | None:
+        return "plain torch.distributed fits every process (the fallback)"
+
+    def initialize(self, backend: str | None, *, timeout: timedelta, env: EnvReading) -> bool:
+        import torch.distributed as dist
+
+        self._timeout = timeout
+        if dist.is_initialized():
+            return False
+        if backend is None:
+            raise ConfigurationError("the torch adapter needs a backend name, got None.")
+        if backend == "nccl":
+            _set_cuda_device(env)
+        store: Any
+        if env.world_size == 1 and (env.master_addr is None or env.master_port is None):
+            # One process needs no rendezvous: an in-memory store, no port to collide on.
+            store = dist.HashStore()
+        else:
+            self._generation += 1
+            store = dist.PrefixStore(f"unidist/{self._generation}", self._store(env, timeout))
+        dist.init_process_group(
+            backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
+        )
+        self._owns = True
+        return True
+
+    def _store(self, env: EnvReading, timeout: timedelta) -> Any:
+        import torch.distributed as dist
+
+        key = (init_method_for(env), env.rank, env.world_size)
+        store = self._stores.get(key)
+        if store is None:
+            # torch's own rendezvous: it also knows torchrun's agent-hosted store.
+            store, _, _ = next(
+                dist.rendezvous(key[0], rank=env.rank, world_size=env.world_size, timeout=timeout)
+            )
+            self._stores[key] = store
+        return store
+
+    def finalize(self) -> None:
+        import torch.distributed as dist
+
+        if self._owns and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns = False
+
+    def topology(self, env: Topology) -> Topology:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return env
+        return replace(env, rank=dist.get_rank(), world_size=dist.get_world_size())
+
+    def all_reduce(self, tensor: torch.Tensor, op: PrimitiveOp, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op=_reduce_op(op), group=group)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, group: Any) -> list[torch.Tensor]:
+        import torch
+        import torch.distributed as dist
+
+        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(out, tensor, group=group)
+        return out
+
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Any) -> torch.Tensor:
+        import torch.distributed as dist
+
+        dist.broadcast(tensor, src=src, group=group)
+        return tensor
+
+    def barrier(self, group: Any) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=group)
+
+    def new_group(self, ranks: Sequence[int]) -> Any:
+        import torch.distributed as dist
+
+        return dist.new_group(ranks=list(ranks), timeout=self._timeout)
+
+
+def _reduce_op(op: PrimitiveOp) -> Any:
+    import torch.distributed as dist
+
+    return {
+        "sum": dist.ReduceOp.SUM,
+        "min": dist.ReduceOp.MIN,
+        "max": dist.ReduceOp.MAX,
+        "product": dist.ReduceOp.PRODUCT,
+        "band": dist.ReduceOp.BAND,
+        "bor": dist.ReduceOp.BOR,
+    }[op]
+
+
+def _set_cuda_device(env: EnvReading) -> None:
+    import torch
+
+    count = torch.cuda.device_count()
+    if count and env.local_rank is not None:
+        torch.cuda.set_device(env.local_rank % count)

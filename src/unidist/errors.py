@@ -1,0 +1,128 @@
+"""unidist's exceptions: one tree; each class is also a built-in type, so old handlers still work.
+
+```
+UnidistError
+├── ConfigurationError (ValueError)        bad argument or setting; the message names the fix
+│   ├── TopologyError                      malformed or contradictory launcher environment
+│   └── AdapterNotFoundError (LookupError) no adapter of that name is registered
+├── AdapterUnavailableError (ImportError)  the adapter's framework is missing (has `pip_hint`)
+├── NotInitializedError (RuntimeError)     several processes but no process group yet
+├── DistributedTimeoutError (TimeoutError) a wait ran out of time; names what it waited for
+└── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
+```
+
+Adapters translate framework and ``torch.distributed`` failures into this tree at their
+boundary (:func:`translate_errors`), keeping the original exception as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+__all__ = [
+    "AdapterNotFoundError",
+    "AdapterUnavailableError",
+    "ConfigurationError",
+    "DistributedTimeoutError",
+    "NotInitializedError",
+    "RemoteError",
+    "TopologyError",
+    "UnidistError",
+    "translate_errors",
+    "translated",
+]
+
+
+class UnidistError(Exception):
+    """Base class of every error raised by unidist."""
+
+
+class ConfigurationError(UnidistError, ValueError):
+    """An argument or setting is invalid; the message says what was given and what to do."""
+
+
+class TopologyError(ConfigurationError):
+    """The launcher's environment variables are malformed, incomplete or contradict each other."""
+
+
+class AdapterNotFoundError(ConfigurationError, LookupError):
+    """No adapter is registered under the requested name."""
+
+
+class AdapterUnavailableError(UnidistError, ImportError):
+    """The adapter exists but its framework is not installed.
+
+    Attributes:
+        pip_hint: the ``pip install`` line that provides the framework.
+    """
+
+    def __init__(self, message: str, *, pip_hint: str) -> None:
+        super().__init__(message)
+        self.pip_hint = pip_hint
+
+
+class NotInitializedError(UnidistError, RuntimeError):
+    """A collective needs a process group, and none has been initialized."""
+
+
+class DistributedTimeoutError(UnidistError, TimeoutError):
+    """A distributed wait did not finish in time. The message names what it waited for."""
+
+
+class RemoteError(UnidistError, RuntimeError):
+    """Another rank failed (raised, exited or was killed), so this rank cannot continue."""
+
+
+# Fragments of torch.distributed / gloo / NCCL messages, mapped to the error class they mean.
+_TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
+_PEER_GONE_MARKERS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "connection refused",
+    "socket closed",
+    "ncclremoteerror",
+)
+
+
+def translated(exc: BaseException, what: str) -> UnidistError | None:
+    """The unidist error that ``exc`` (raised by torch.distributed or a framework) stands for.
+
+    Args:
+        exc: the original exception.
+        what: what was being done, for the message ("all_reduce over 2 ranks").
+
+    Returns:
+        A new error to raise ``from exc``, or None when ``exc`` should propagate unchanged.
+    """
+    if isinstance(exc, UnidistError) or not isinstance(exc, RuntimeError):
+        return None
+    text = str(exc).lower()
+    if any(marker in text for marker in _PEER_GONE_MARKERS):
+        return RemoteError(
+            f"{what} failed because another rank went away: {exc}. HINT: look for the first "
+            "rank that failed; this rank is collateral damage."
+        )
+    if any(marker in text for marker in _TIMEOUT_MARKERS):
+        return DistributedTimeoutError(
+            f"{what} timed out: {exc}. HINT: another rank is probably stuck, has crashed or "
+            "never reached this call; check every rank's log."
+        )
+    return None
+
+
+@contextlib.contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Re-raise torch.distributed failures in the block as unidist errors (:func:`translated`).
+
+    Args:
+        what: what the block was doing, for the message.
+    """
+    try:
+        yield
+    except RuntimeError as exc:
+        new = translated(exc, what)
+        if new is None:
+            raise
+        raise new from exc

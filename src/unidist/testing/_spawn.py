@@ -1,0 +1,462 @@
+"""``run_distributed``: run a function on N fresh processes and bring back every rank's result.
+
+Processes come from a fork server that has already imported torch, unidist and the installed
+frameworks, so a 2-rank run starts in a fraction of a second instead of paying torch's import
+once per process. Each rank runs in its own process group (its DataLoader workers included), writes
+its output to files that are replayed in the parent tagged by rank, and leaves through
+``os._exit`` after a bounded :func:`unidist.finalize`, so no exit path can hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
+
+__all__ = ["DistributedTestError", "DistributedTestTimeout", "run_distributed"]
+
+#: Seconds the other ranks get to fail on their own after one rank failed, before being killed.
+_FAILURE_GRACE = 15.0
+_PORT_RETRIES = 3
+_OUTPUT_TAIL_LINES = 40
+
+
+class DistributedTestError(UnidistError, AssertionError):
+    """One or more ranks of :func:`run_distributed` failed.
+
+    Attributes:
+        failures: rank -> that rank's formatted traceback.
+        outputs: rank -> (stdout, stderr) of every rank.
+        results: rank -> return value, for the ranks that succeeded.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        failures: Mapping[int, str],
+        outputs: Mapping[int, tuple[str, str]],
+        results: Mapping[int, Any],
+    ) -> None:
+        super().__init__(message)
+        self.failures = dict(failures)
+        self.outputs = dict(outputs)
+        self.results = dict(results)
+
+
+class DistributedTestTimeout(DistributedTestError, DistributedTimeoutError):
+    """:func:`run_distributed` ran past its timeout; every rank was killed.
+
+    Attributes:
+        unfinished: the ranks that had not finished.
+    """
+
+    def __init__(self, message: str, *, unfinished: Sequence[int], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.unfinished = list(unfinished)
+
+
+@dataclass
+class _Job:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    rank: int
+    env: dict[str, str]
+    workdir: str
+    init: bool
+    backend: str | None
+    adapter: str | None
+    collective_timeout: float
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    value: Any = None
+    error: str = ""
+    port_in_use: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    *args: Any,
+    world_size: int = 2,
+    backend: str | None = "gloo",
+    adapter: str | None = None,
+    timeout: float = 60.0,
+    init: bool = True,
+    kwargs: Mapping[str, Any] | None = None,
+    env: Mapping[str, str | None] | None = None,
+    collective_timeout: float | None = None,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return results in rank order.
+
+    Each process gets the variables of a single-node torch launcher (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` on a free
+    port) and, with ``init=True``, an initialized unidist session that is finalized afterwards.
+
+    Args:
+        fn: a module-level function (it is pickled by name into the processes).
+        *args: positional arguments for ``fn``; must be picklable.
+        world_size: number of processes.
+        backend: process-group backend for :func:`unidist.initialize`.
+        adapter: unidist adapter name (``None``: unidist's usual choice).
+        timeout: seconds for the whole run. On timeout every rank is killed and the error says
+            which ranks had not finished, with their Python stacks.
+        init: call :func:`unidist.initialize` before ``fn`` (and finalize after).
+        kwargs: keyword arguments for ``fn``.
+        env: extra environment variables for every rank; ``None`` values unset a variable
+            (for example ``{"LOCAL_WORLD_SIZE": None}`` to imitate a launcher that omits it).
+        collective_timeout: timeout given to :func:`unidist.initialize`; default half of
+            ``timeout``, so a stuck collective fails with a traceback before the run is killed.
+
+    Returns:
+        ``fn``'s return value from every rank, in rank order.
+
+    Raises:
+        DistributedTestError: a rank raised; the message holds every failing rank's traceback,
+            tagged by rank, and the output of every rank.
+        DistributedTestTimeout: the run did not finish in ``timeout`` seconds.
+    """
+    if world_size < 1:
+        raise ConfigurationError(f"world_size={world_size} must be at least 1.")
+    try:
+        pickle.dumps((fn, args, dict(kwargs or {})))
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ConfigurationError(
+            f"run_distributed pickles the function and its arguments into the new processes, "
+            f"and {getattr(fn, '__qualname__', fn)!r} cannot be pickled ({exc}). HINT: define the "
+            "function at module level (not inside a test or a lambda)."
+        ) from exc
+    for attempt in range(_PORT_RETRIES):
+        try:
+            return _run_once(
+                fn,
+                args,
+                dict(kwargs or {}),
+                world_size,
+                backend,
+                adapter,
+                timeout,
+                init,
+                dict(env or {}),
+                collective_timeout or max(timeout / 2, 5.0),
+            )
+        except _PortTaken:
+            if attempt == _PORT_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _PortTaken(DistributedTestError):
+    """Another program took the chosen port between choosing and binding it; retried."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _run_once(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    world_size: int,
+    backend: str | None,
+    adapter: str | None,
+    timeout: float,
+    init: bool,
+    env: dict[str, str | None],
+    collective_timeout: float,
+) -> list[Any]:
+    context = _context()
+    workdir = tempfile.mkdtemp(prefix="unidist-run-")
+    port = _free_port()
+    processes: list[multiprocessing.process.BaseProcess] = []
+    try:
+        for rank in range(world_size):
+            launcher = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "LOCAL_WORLD_SIZE": str(world_size),
+                "NODE_RANK": "0",
+                "GROUP_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "UNIDIST_LAUNCHER": "testing",
+                "OMP_NUM_THREADS": "1",
+            }
+            merged: dict[str, str | None] = {**os.environ, **launcher, **env}
+            rank_env = {k: v for k, v in merged.items() if v is not None}
+            job = _Job(
+                fn,
+                args,
+                kwargs,
+                rank,
+                rank_env,
+                workdir,
+                init,
+                backend,
+                adapter,
+                collective_timeout,
+            )
+            process = context.Process(target=_worker, args=(job,), name=f"unidist-rank{rank}")
+            process.start()
+            processes.append(process)
+        unfinished = _wait(processes, workdir, timeout)
+        if unfinished:
+            _dump_stacks([processes[r] for r in unfinished])
+        return _collect(fn, processes, workdir, unfinished, timeout, world_size)
+    finally:
+        _kill(processes)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait(
+    processes: list[multiprocessing.process.BaseProcess], workdir: str, timeout: float
+) -> list[int]:
+    """Wait for every rank; after a failure give the rest a grace period. Returns unfinished."""
+    deadline = time.monotonic() + timeout
+    pending = {p.sentinel: rank for rank, p in enumerate(processes)}
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready = multiprocessing.connection.wait(list(pending), timeout=remaining)
+        for sentinel in ready:
+            rank = pending.pop(sentinel)  # type: ignore[arg-type]
+            failed = processes[rank].exitcode != 0
+            if failed and pending:
+                # The survivors usually fail fast (their peer's sockets closed); don't wait long.
+                deadline = min(deadline, time.monotonic() + _FAILURE_GRACE)
+    return sorted(pending.values())
+
+
+def _dump_stacks(processes: list[multiprocessing.process.BaseProcess]) -> None:
+    for process in processes:
+        if process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
+    time.sleep(0.5)
+
+
+def _kill(processes: list[multiprocessing.process.BaseProcess]) -> None:
+    for process in processes:
+        if process.pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)  # the rank and its DataLoader workers
+        process.join(timeout=5)
+
+
+def _collect(
+    fn: Callable[..., Any],
+    processes: list[multiprocessing.process.BaseProcess],
+    workdir: str,
+    unfinished: list[int],
+    timeout: float,
+    world_size: int,
+) -> list[Any]:
+    outputs: dict[int, tuple[str, str]] = {}
+    results: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    port_in_use = False
+    for rank, process in enumerate(processes):
+        outputs[rank] = (_read(workdir, f"rank{rank}.out"), _read(workdir, f"rank{rank}.err"))
+        _replay(rank, *outputs[rank])
+        if rank in unfinished:
+            continue
+        outcome = _load(workdir, rank, process.exitcode)
+        port_in_use |= outcome.port_in_use
+        if outcome.ok:
+            results[rank] = outcome.value
+        else:
+            failures[rank] = outcome.error
+    name = getattr(fn, "__qualname__", repr(fn))
+    if unfinished:
+        stacks = "\n".join(
+            f"--- rank {r} (stack when killed, and its last output) ---\n{_tail(outputs[r][1])}"
+            for r in unfinished
+        )
+        raise DistributedTestTimeout(
+            f"run_distributed({name}) did not finish in {timeout:g} s: rank(s) "
+            f"{unfinished} of {world_size} had not finished and were killed.\n"
+            f"{_describe_failures(failures)}{stacks}",
+            unfinished=unfinished,
+            failures=failures,
+            outputs=outputs,
+            results=results,
+        )
+    if failures:
+        kind = _PortTaken if port_in_use else DistributedTestError
+        raise kind(
+            f"run_distributed({name}): {len(failures)} of {world_size} rank(s) failed.\n"
+            f"{_describe_failures(failures)}"
+            + "".join(
+                f"--- rank {r} stderr (last lines) ---\n{_tail(outputs[r][1])}\n"
+                for r in sorted(failures)
+                if outputs[r][1].strip()
+            ),
+            failures=failures,
+            outputs=outputs,
+            results=results,
+        )
+    return [results[rank] for rank in range(world_size)]
+
+
+def _describe_failures(failures: Mapping[int, str]) -> str:
+    return "".join(f"--- rank {r} raised ---\n{failures[r]}\n" for r in sorted(failures))
+
+
+def _tail(text: str) -> str:
+    return "\n".join(text.rstrip().splitlines()[-_OUTPUT_TAIL_LINES:])
+
+
+def _read(workdir: str, name: str) -> str:
+    path = Path(workdir, name)
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _replay(rank: int, out: str, err: str) -> None:
+    for stream, text in ((sys.stdout, out), (sys.stderr, err)):
+        for line in text.splitlines():
+            stream.write(f"[rank {rank}] {line}\n")
+
+
+def _load(workdir: str, rank: int, exitcode: int | None) -> _Outcome:
+    path = Path(workdir, f"rank{rank}.result")
+    if not path.exists():
+        return _Outcome(
+            False,
+            error=f"exited with code {exitcode} before reporting a result "
+            "(killed, or os._exit / a crash in native code)",
+        )
+    try:
+        outcome: _Outcome = pickle.loads(path.read_bytes())
+    except Exception as exc:
+        return _Outcome(False, error=f"its return value could not be unpickled here: {exc!r}")
+    return outcome
+
+
+# -- inside each rank --------------------------------------------------------------------------
+
+
+def _worker(job: _Job) -> None:
+    """Entry point of each rank's process."""
+    os.setpgrp()  # own process group: killing it takes DataLoader workers along
+    _die_with_parent()
+    out = open(Path(job.workdir, f"rank{job.rank}.out"), "w")  # noqa: SIM115 - fd for dup2
+    err = open(Path(job.workdir, f"rank{job.rank}.err"), "w")  # noqa: SIM115
+    os.dup2(out.fileno(), 1)
+    os.dup2(err.fileno(), 2)
+    faulthandler.enable(file=err)
+    faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
+    os.environ.clear()
+    os.environ.update(job.env)
+    import torch
+
+    torch.set_num_threads(int(job.env.get("OMP_NUM_THREADS", "1")))
+    import unidist
+    from unidist import _state
+
+    _state.reset()
+    outcome = _run_job(job, unidist)
+    try:
+        unidist.finalize()
+    except BaseException:
+        if outcome.ok:
+            outcome = _Outcome(False, error="unidist.finalize() failed:\n" + traceback.format_exc())
+    _write_outcome(job, outcome)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if outcome.ok else 1)
+
+
+def _run_job(job: _Job, unidist: Any) -> _Outcome:
+    try:
+        if job.init:
+            unidist.initialize(job.backend, adapter=job.adapter, timeout=job.collective_timeout)
+        return _Outcome(True, job.fn(*job.args, **job.kwargs))
+    except BaseException as exc:
+        text = "".join(traceback.format_exception(exc))
+        in_use = "address already in use" in text.lower() or "eaddrinuse" in text.lower()
+        return _Outcome(False, error=text, port_in_use=in_use)
+
+
+def _write_outcome(job: _Job, outcome: _Outcome) -> None:
+    path = Path(job.workdir, f"rank{job.rank}.result")
+    try:
+        data = pickle.dumps(outcome)
+    except Exception as exc:
+        data = pickle.dumps(_Outcome(False, error=f"the return value cannot be pickled: {exc!r}"))
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank if the fork server (its parent) dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+# -- the fork server ---------------------------------------------------------------------------
+
+_FRAMEWORKS = ("composer.utils.dist", "ignite.distributed")
+_context_cache: Any = None
+
+
+def _context() -> Any:
+    """A fork-server context whose server has imported torch, unidist and installed frameworks.
+
+    ``UNIDIST_TESTING_PRELOAD`` (comma-separated module names) replaces the framework list.
+    """
+    global _context_cache
+    if _context_cache is None:
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            _context_cache = multiprocessing.get_context("spawn")
+            return _context_cache
+        context = multiprocessing.get_context("forkserver")
+        chosen = os.environ.get("UNIDIST_TESTING_PRELOAD")
+        extra = (
+            chosen.split(",")
+            if chosen is not None
+            else [name for name in _FRAMEWORKS if find_spec(name.partition(".")[0]) is not None]
+        )
+        context.set_forkserver_preload(
+            [
+                "torch",
+                "torch.distributed",
+                "unidist",
+                "unidist.testing._spawn",
+                *(name.strip() for name in extra if name.strip()),
+            ]
+        )
+        _context_cache = context
+    return _context_cache

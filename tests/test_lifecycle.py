@@ -1,0 +1,209 @@
+"""initialize / finalize / adoption / use() over real processes, and bounded exits."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import unidist
+from unidist.errors import (
+    ConfigurationError,
+    DistributedTimeoutError,
+    RemoteError,
+    TopologyError,
+)
+from unidist.testing import DistributedTestError, requires, run_distributed
+
+pytestmark = pytest.mark.multiprocess
+
+FRAMEWORKS = [
+    pytest.param("torch", id="torch"),
+    pytest.param("composer", id="composer", marks=requires(modules=["composer"])),
+    pytest.param("ignite", id="ignite", marks=requires(modules=["ignite"])),
+]
+
+
+def start_work_finalize(adapter: str, rounds: int) -> list[float]:
+    totals = []
+    for _ in range(rounds):
+        unidist.initialize("gloo", adapter=adapter, timeout=30)
+        t = torch.full((1000,), float(unidist.get_rank() + 1))
+        unidist.all_reduce(t)
+        unidist.all_gather(torch.ones(10))
+        unidist.all_gather_object({"r": unidist.get_rank()})
+        totals.append(t[0].item())
+        del t  # freeing tensors before the destroy is what deadlocks unpatched torch 2.7
+        unidist.finalize()
+        assert not dist.is_initialized()
+    return totals
+
+
+@pytest.mark.parametrize(
+    ("adapter", "rounds"),
+    [
+        pytest.param("torch", 25, id="torch"),
+        pytest.param("composer", 8, id="composer", marks=requires(modules=["composer"])),
+        pytest.param("ignite", 8, id="ignite", marks=requires(modules=["ignite"])),
+    ],
+)
+def test_repeated_start_work_finalize_never_hangs(adapter: str, rounds: int) -> None:
+    results = run_distributed(start_work_finalize, adapter, rounds, init=False, timeout=120)
+    assert results == [[3.0] * rounds, [3.0] * rounds]
+
+
+def adopt_users_group() -> tuple[int, str, bool, bool, float]:
+    import os
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}",
+        rank=int(os.environ["RANK"]),
+        world_size=2,
+        timeout=timedelta(seconds=30),
+    )
+    total = unidist.all_reduce(torch.tensor([unidist.get_rank() + 1.0])).item()  # adopts
+    name = unidist.current_adapter().name
+    adopted = unidist.is_initialized()
+    unidist.finalize()
+    still_there = dist.is_initialized()  # unidist did not create it, so it leaves it
+    dist.destroy_process_group()
+    return unidist.get_rank(), name, adopted, still_there, total
+
+
+def test_adopts_a_group_the_user_created() -> None:
+    results = run_distributed(adopt_users_group, init=False)
+    assert results == [(0, "torch", True, True, 3.0), (1, "torch", True, True, 3.0)]
+
+
+def contradict_launcher() -> str:
+    import os
+
+    rank = 1 - int(os.environ["RANK"])  # swap the ranks the launcher assigned
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{os.environ['MASTER_PORT']}", rank=rank, world_size=2
+    )
+    try:
+        unidist.get_rank()
+    except TopologyError as exc:
+        return str(exc)
+    finally:
+        dist.destroy_process_group()
+    return "no error"
+
+
+def test_environment_contradicting_the_live_group_is_an_error() -> None:
+    for message in run_distributed(contradict_launcher, init=False):
+        assert "the environment says RANK=" in message
+        assert "but the live process group says rank" in message
+
+
+def same_answers_through_every_adapter() -> dict[str, tuple[float, list[int], int]]:
+    answers = {}
+    for name in ("torch", "composer", "ignite"):
+        with unidist.use(name) as adapter:
+            assert unidist.current_adapter() is adapter
+            answers[name] = (
+                unidist.all_reduce(torch.tensor([unidist.get_rank() + 0.5])).item(),
+                [t.item() for t in unidist.all_gather(torch.tensor(unidist.get_rank()))],
+                unidist.broadcast(2**40 + 3 if unidist.get_rank() == 0 else 0),
+            )
+    assert unidist.current_adapter().name == "torch"
+    return answers
+
+
+@requires(modules=["composer", "ignite"])
+def test_use_switches_adapters_with_identical_answers() -> None:
+    for answers in run_distributed(same_answers_through_every_adapter, adapter="torch"):
+        assert answers == {
+            name: (2.0, [0, 1], 2**40 + 3) for name in ("torch", "composer", "ignite")
+        }
+
+
+def derived_topology() -> tuple[int, int, int, int]:
+    topo = unidist.topology()
+    return topo.local_rank, topo.local_world_size, topo.node_rank, topo.num_nodes
+
+
+def test_initialize_fills_in_what_the_launcher_omits() -> None:
+    # Ignite's spawn sets RANK, LOCAL_RANK and WORLD_SIZE only.
+    gone = {"LOCAL_WORLD_SIZE": None, "NODE_RANK": None, "GROUP_RANK": None}
+    assert run_distributed(derived_topology, env=gone) == [(0, 2, 0, 1), (1, 2, 0, 1)]
+    gone["LOCAL_RANK"] = None
+    assert run_distributed(derived_topology, env=gone) == [(0, 2, 0, 1), (1, 2, 0, 1)]
+
+
+def test_two_ranks_claiming_one_slot_are_refused() -> None:
+    with pytest.raises(DistributedTestError) as caught:
+        run_distributed(derived_topology, env={"LOCAL_RANK": "0"})
+    assert "both say they are local rank 0" in str(caught.value)
+
+
+def barrier_without_rank_one() -> str:
+    if unidist.get_rank() == 1:
+        time.sleep(6)
+        return "slept"
+    started = time.monotonic()
+    try:
+        unidist.barrier(timeout=2)
+    except DistributedTimeoutError as exc:
+        return f"{time.monotonic() - started:.0f}s: {exc}"
+    return "no error"
+
+
+def test_barrier_timeout_names_the_missing_rank() -> None:
+    waited, slept = run_distributed(barrier_without_rank_one, timeout=60)
+    assert slept == "slept"
+    assert waited.startswith(("2s", "3s"))
+    assert "barrier over 2 ranks: rank(s) [1] did not arrive within 2 s" in waited
+
+
+def slow_first_rank() -> str:
+    try:
+        with unidist.one_rank_first(timeout=2):
+            if unidist.get_rank() == 0:
+                time.sleep(6)
+    except DistributedTimeoutError as exc:
+        return f"timeout: {exc}"
+    except RemoteError as exc:
+        return f"remote: {exc}"
+    return "ok"
+
+
+def test_one_rank_first_waiters_give_up_after_the_timeout() -> None:
+    first, waiter = run_distributed(slow_first_rank, timeout=60)
+    assert waiter.startswith(
+        "timeout: waiting for rank 0 to finish one_rank_first(rank=0, "
+        "local=False): rank(s) [0] did not arrive within 2 s"
+    )
+    assert first == "ok"  # the slow rank itself finishes its block normally
+
+
+def rank_one_is_not_in_the_group() -> str:
+    group = unidist.new_group([0])
+    if unidist.get_rank() == 0:
+        return str(unidist.all_reduce(3, group=group))
+    try:
+        unidist.all_reduce(3, group=group)
+    except ConfigurationError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_collectives_refuse_non_members() -> None:
+    inside, outside = run_distributed(rank_one_is_not_in_the_group)
+    assert inside == "3"
+    assert "rank 1 called all_reduce on a group of ranks [0] it is not in" in outside
+
+
+def test_multi_process_environment_without_master_address(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigurationError, match="MASTER_ADDR/MASTER_PORT are not set"):
+        unidist.initialize("gloo", adapter="torch")
+    assert not unidist.is_initialized()

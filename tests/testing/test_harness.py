@@ -1,0 +1,114 @@
+"""unidist.testing.run_distributed: results, failures, timeouts, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import unidist
+from unidist.errors import ConfigurationError
+from unidist.testing import DistributedTestError, DistributedTestTimeout, run_distributed
+
+pytestmark = pytest.mark.multiprocess
+
+
+def report(tag: str) -> tuple[str, int, int, float, str]:
+    total = unidist.all_reduce(torch.tensor([float(unidist.get_rank() + 1)])).item()
+    print(f"hello from {unidist.get_rank()}")
+    return tag, unidist.get_rank(), unidist.get_world_size(), total, unidist.backend() or ""
+
+
+def test_returns_every_ranks_result_in_rank_order(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_distributed(report, "x") == [("x", 0, 2, 3.0, "gloo"), ("x", 1, 2, 3.0, "gloo")]
+    out = capsys.readouterr().out
+    assert "[rank 0] hello from 0" in out
+    assert "[rank 1] hello from 1" in out
+
+
+def test_three_ranks() -> None:
+    assert [r[1:4] for r in run_distributed(report, "y", world_size=3)] == [
+        (0, 3, 6.0),
+        (1, 3, 6.0),
+        (2, 3, 6.0),
+    ]
+
+
+def fail_on(bad_rank: int) -> None:
+    if unidist.get_rank() == bad_rank:
+        raise ValueError(f"rank {bad_rank} is broken")
+    unidist.barrier()  # the healthy rank waits for the broken one
+
+
+def test_a_failing_rank_raises_with_every_ranks_traceback() -> None:
+    started = time.monotonic()
+    with pytest.raises(DistributedTestError) as caught:
+        run_distributed(fail_on, 1, timeout=60)
+    assert time.monotonic() - started < 30, "the healthy rank should fail fast, not time out"
+    message = str(caught.value)
+    assert "--- rank 1 raised ---" in message
+    assert "ValueError: rank 1 is broken" in message
+    assert "--- rank 0 raised ---" in message  # collateral: its peer went away
+    assert set(caught.value.failures) == {0, 1}
+    assert not isinstance(caught.value, DistributedTestTimeout)
+
+
+def write_pid_and_hang(directory: str) -> None:
+    Path(directory, f"rank{unidist.get_rank()}.pid").write_text(str(os.getpid()))
+    if unidist.get_rank() == 1:
+        child = subprocess.Popen(["sleep", "300"])  # a grandchild, like a DataLoader worker
+        Path(directory, "grandchild.pid").write_text(str(child.pid))
+        time.sleep(300)
+
+
+def test_timeout_kills_every_rank_and_names_the_stuck_ones(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(DistributedTestTimeout) as caught:
+        run_distributed(write_pid_and_hang, str(tmp_path), timeout=8)
+    assert time.monotonic() - started < 20
+    assert caught.value.unfinished == [1]
+    message = str(caught.value)
+    assert "rank(s) [1] of 2 had not finished" in message
+    assert "write_pid_and_hang" in message  # the stuck rank's stack, dumped before the kill
+    time.sleep(0.5)
+    for name in ("rank0.pid", "rank1.pid", "grandchild.pid"):
+        pid = int((tmp_path / name).read_text())
+        assert not _alive(pid), f"{name} ({pid}) survived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return status.exists() and status.read_text().split()[2] != "Z"
+
+
+def test_refuses_functions_it_cannot_send() -> None:
+    with pytest.raises(ConfigurationError, match="define the function at module level"):
+        run_distributed(lambda: 1)
+
+
+def environment_seen() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in ("EXTRA", "LOCAL_WORLD_SIZE", "RANK")}
+
+
+def test_environment_overrides_and_unsets() -> None:
+    seen = run_distributed(
+        environment_seen, env={"EXTRA": "1", "LOCAL_WORLD_SIZE": None}, init=False
+    )
+    assert seen == [{"EXTRA": "1", "LOCAL_WORLD_SIZE": None, "RANK": str(r)} for r in (0, 1)]
+
+
+def unpicklable_result() -> object:
+    return lambda: None
+
+
+def test_an_unpicklable_result_is_reported() -> None:
+    with pytest.raises(DistributedTestError, match="return value cannot be pickled"):
+        run_distributed(unpicklable_result, init=False)
