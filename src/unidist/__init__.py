@@ -1,10 +1,14 @@
 """unidist: one API for distributed PyTorch, whatever framework or launcher runs the script.
 
-Importing unidist imports neither torch's frameworks nor torch itself and changes no
-environment variable; everything starts on first use.
+Importing unidist imports neither the frameworks nor torch itself and changes no environment
+variable; everything starts on first use. Names whose module needs torch at import time (a
+``torch.utils.data.Sampler`` subclass, say) are listed in ``_LAZY`` and imported on first access.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from unidist._env import Topology
 from unidist._version import __version__
@@ -54,6 +58,12 @@ from unidist.ranks import (
     topology,
 )
 
+#: Public names whose module is imported on first access: name -> module.
+_LAZY: dict[str, str] = {}
+
+if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
+    pass
+
 __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
@@ -95,3 +105,16 @@ __all__ = [
     "topology",
     "use",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'unidist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

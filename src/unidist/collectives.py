@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Group",
-    "exchange",
     "all_gather",
     "all_gather_object",
     "all_gather_uneven",
@@ -33,6 +32,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object",
+    "exchange",
     "new_group",
 ]
 

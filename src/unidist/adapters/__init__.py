@@ -17,11 +17,11 @@ from unidist.adapters.registry import (
 )
 
 __all__ = [
-    "ENTRY_POINT_GROUP",
-    "REDUCE_OPS",
     "Adapter",
     "AdapterSpec",
+    "ENTRY_POINT_GROUP",
     "PrimitiveOp",
+    "REDUCE_OPS",
     "available",
     "get",
     "register",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -61,7 +62,12 @@ class AdapterSpec:
     @property
     def installed(self) -> bool:
         """Whether the framework can be imported (found on the path; nothing is imported)."""
-        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+        if self.requires is None:
+            return True
+        try:
+            return importlib.util.find_spec(self.requires) is not None
+        except ValueError:  # already imported, without a spec (replaced or built in memory)
+            return self.requires in sys.modules
 
     @property
     def version(self) -> str | None:
