@@ -14,7 +14,6 @@ or at run time with :func:`register`.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import sys
 import threading
@@ -72,6 +71,8 @@ class AdapterSpec:
     @property
     def version(self) -> str | None:
         """The installed framework version, or None."""
+        import importlib.metadata  # lazily: it costs more than the rest of import unidist
+
         if self.distribution is None or not self.installed:
             return None
         try:
@@ -115,6 +116,8 @@ def _table() -> dict[str, AdapterSpec]:
         if not _specs:
             _specs.update({spec.name: spec for spec in _BUILTINS})
         if not _loaded_entry_points:
+            import importlib.metadata
+
             _loaded_entry_points = True
             for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
                 if entry.name in _specs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
@@ -133,7 +134,8 @@ class TorchAdapter:
         return dist.new_group(ranks=list(ranks), timeout=self._timeout)
 
 
-def _reduce_op(op: PrimitiveOp) -> Any:
+@functools.cache
+def _reduce_ops() -> dict[str, Any]:
     import torch.distributed as dist
 
     return {
@@ -143,7 +145,11 @@ def _reduce_op(op: PrimitiveOp) -> Any:
         "product": dist.ReduceOp.PRODUCT,
         "band": dist.ReduceOp.BAND,
         "bor": dist.ReduceOp.BOR,
-    }[op]
+    }
+
+
+def _reduce_op(op: PrimitiveOp) -> Any:
+    return _reduce_ops()[op]
 
 
 def _set_cuda_device(env: EnvReading) -> None:

@@ -1,0 +1,78 @@
+"""Per-call cost of unidist's collectives against raw torch.distributed, 2 gloo ranks.
+
+    python bench/collectives.py [--rounds 15]
+
+Both sides run in the same two processes, interleaved in alternating blocks (raw, unidist, raw,
+...) so drift on a shared machine hits both alike. Each block is preceded by a barrier; the table
+shows the median per-call time of each side and the ratio unidist / raw (goal: within 1.10 for 1
+element and 1 MiB tensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _util import median, table  # noqa: E402
+
+SIZES = {"1 element": 1, "1 MiB": 262_144}  # float32
+
+
+def _time_block(call, calls: int) -> float:  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - started) / calls
+
+
+def measure(rounds: int) -> list[tuple[str, str, float, float]]:
+    import torch
+    import torch.distributed as dist
+
+    import unidist
+
+    rows = []
+    for size_name, numel in SIZES.items():
+        calls = 400 if numel == 1 else 20
+        x = torch.ones(numel)
+        outs = [torch.empty_like(x) for _ in range(2)]
+        cases = {
+            "all_reduce": (lambda: dist.all_reduce(x), lambda: unidist.all_reduce(x)),
+            "broadcast": (lambda: dist.broadcast(x, 0), lambda: unidist.broadcast(x, 0)),
+            "all_gather": (lambda: dist.all_gather(outs, x), lambda: unidist.all_gather(x)),
+        }
+        for op, (raw, ours) in cases.items():
+            _time_block(raw, calls)  # warm-up both paths
+            _time_block(ours, calls)
+            raw_times, our_times = [], []
+            for _ in range(rounds):
+                raw_times.append(_time_block(raw, calls))
+                our_times.append(_time_block(ours, calls))
+            rows.append((op, size_name, median(raw_times), median(our_times)))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    from unidist.testing import run_distributed
+
+    per_rank = run_distributed(measure, args.rounds, world_size=2, timeout=900, adapter="torch")
+    rows = []
+    for i, (op, size, raw0, ours0) in enumerate(per_rank[0]):
+        raw = max(raw0, per_rank[1][i][2])
+        ours = max(ours0, per_rank[1][i][3])
+        rows.append((op, size, raw * 1e6, ours * 1e6, ours / raw))
+    print("2 gloo ranks on one machine; microseconds per call (slower rank's median)")
+    print(table(["op", "tensor", "torch us", "unidist us", "ratio"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Import time of unidist against torch and the frameworks it adapts, each in a fresh process.
+
+    python bench/import_time.py [--repeat 7]
+
+Each statement runs in a new interpreter `--repeat` times (after one warm-up run that fills the
+OS file cache); the table shows the median wall time and the ratio to `import unidist`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _util import median, table  # noqa: E402
+
+STATEMENTS = {
+    "import unidist": "import unidist",
+    "unidist.get_rank()": "import unidist; unidist.get_rank()",
+    "import torch": "import torch",
+    "import torch.distributed": "import torch.distributed",
+    "from composer.utils import dist": "from composer.utils import dist",
+    "import ignite.distributed": "import ignite.distributed",
+}
+
+
+def measure(statement: str, repeat: int) -> float:
+    command = [sys.executable, "-c", statement]
+    subprocess.run(command, check=True)  # warm the file cache
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        subprocess.run(command, check=True)
+        times.append(time.perf_counter() - started)
+    return median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    baseline = measure("pass", args.repeat)
+    results = {name: measure(stmt, args.repeat) for name, stmt in STATEMENTS.items()}
+    unidist_cost = results["import unidist"] - baseline
+    rows = [
+        (name, seconds, seconds - baseline, (seconds - baseline) / unidist_cost)
+        for name, seconds in results.items()
+    ]
+    print(f"python startup alone: {baseline:.3f} s (subtracted in 'import cost')")
+    print(table(["statement", "wall s", "import cost s", "x unidist"], rows))
+
+
+if __name__ == "__main__":
+    main()

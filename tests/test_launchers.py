@@ -1,0 +1,131 @@
+"""The same script reports the same topology under every launcher, through every adapter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unidist.testing import requires
+
+pytestmark = [pytest.mark.multiprocess, requires(modules=["composer", "ignite"])]
+
+SCRIPT = str(Path(__file__).parent / "scripts" / "report_topology.py")
+BIN = Path(sys.executable).parent
+
+
+def _free_slurm_job_id() -> str:
+    """A job id whose derived port (15000 + id % 10000) is free now."""
+    import socket
+
+    for job in range(4321, 9999, 97):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", 15000 + job))
+            except OSError:
+                continue
+            return str(job)
+    raise RuntimeError("no free port in 15000-24999")
+
+
+def srun(adapter: str) -> subprocess.CompletedProcess[str]:
+    """What `srun --ntasks=2 --nodes=1 python script.py` gives each task (no MASTER_* set)."""
+    job = _free_slurm_job_id()
+    base = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "SLURM_JOB_ID": job,
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "1",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_TASKS_PER_NODE": "2",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_JOB_NAME": "train",
+    }
+    tasks = [
+        subprocess.Popen(
+            [sys.executable, SCRIPT, adapter],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+        )
+        for r in range(2)
+    ]
+    outputs = [task.communicate(timeout=240) for task in tasks]
+    code = max(abs(task.returncode) for task in tasks)
+    return subprocess.CompletedProcess(
+        [], code, outputs[0][0], "\n".join(err for _, err in outputs)
+    )
+
+
+def launch(kind: str, adapter: str) -> list[dict[str, object]]:
+    commands = {
+        "plain": [sys.executable, SCRIPT, adapter],
+        "torchrun": [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            SCRIPT,
+            adapter,
+        ],
+        "composer": [str(BIN / "composer"), "-n", "2", SCRIPT, adapter],
+        "ignite": [sys.executable, SCRIPT, adapter, "--ignite-parallel"],
+    }
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if kind == "slurm":
+        done = srun(adapter)
+    else:
+        done = subprocess.run(commands[kind], capture_output=True, text=True, env=env, timeout=240)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("TOPOLOGY ")]
+    assert done.returncode == 0 and len(lines) == 1, (
+        f"{kind}/{adapter} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    )
+    return json.loads(lines[0].removeprefix("TOPOLOGY "))  # type: ignore[no-any-return]
+
+
+TWO_RANKS = [
+    {
+        "rank": r,
+        "world_size": 2,
+        "local_rank": r,
+        "local_world_size": 2,
+        "node_rank": 0,
+        "num_nodes": 1,
+    }
+    for r in range(2)
+]
+ONE_RANK = [
+    {
+        "rank": 0,
+        "world_size": 1,
+        "local_rank": 0,
+        "local_world_size": 1,
+        "node_rank": 0,
+        "num_nodes": 1,
+    }
+]
+
+
+@pytest.mark.parametrize("adapter", ["torch", "composer", "ignite"])
+@pytest.mark.parametrize("launcher", ["torchrun", "composer", "ignite", "slurm"])
+def test_two_process_launchers_agree(launcher: str, adapter: str) -> None:
+    reports = launch(launcher, adapter)
+    assert [{k: v for k, v in r.items() if k != "adapter"} for r in reports] == TWO_RANKS
+    assert {r["adapter"] for r in reports} == {adapter}
+
+
+@pytest.mark.parametrize("adapter", ["torch", "composer", "ignite"])
+def test_a_plain_process_is_a_world_of_one(adapter: str) -> None:
+    reports = launch("plain", adapter)
+    assert [{k: v for k, v in r.items() if k != "adapter"} for r in reports] == ONE_RANK
