@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import median, table  # noqa: E402
+from _util import median, table
 
 SIZES = {"1 element": 1, "1 MiB": 262_144}  # float32
 
@@ -31,23 +31,27 @@ def _time_block(call, calls: int) -> float:  # type: ignore[no-untyped-def]
     return (time.perf_counter() - started) / calls
 
 
-def measure(rounds: int) -> list[tuple[str, str, float, float]]:
+def _cases(x):  # type: ignore[no-untyped-def]
     import torch
     import torch.distributed as dist
 
     import unidist
 
+    outs = [torch.empty_like(x) for _ in range(2)]
+    return {
+        "all_reduce": (lambda: dist.all_reduce(x), lambda: unidist.all_reduce(x)),
+        "broadcast": (lambda: dist.broadcast(x, 0), lambda: unidist.broadcast(x, 0)),
+        "all_gather": (lambda: dist.all_gather(outs, x), lambda: unidist.all_gather(x)),
+    }
+
+
+def measure(rounds: int) -> list[tuple[str, str, float, float]]:
+    import torch
+
     rows = []
     for size_name, numel in SIZES.items():
         calls = 400 if numel == 1 else 20
-        x = torch.ones(numel)
-        outs = [torch.empty_like(x) for _ in range(2)]
-        cases = {
-            "all_reduce": (lambda: dist.all_reduce(x), lambda: unidist.all_reduce(x)),
-            "broadcast": (lambda: dist.broadcast(x, 0), lambda: unidist.broadcast(x, 0)),
-            "all_gather": (lambda: dist.all_gather(outs, x), lambda: unidist.all_gather(x)),
-        }
-        for op, (raw, ours) in cases.items():
+        for op, (raw, ours) in _cases(torch.ones(numel)).items():
             _time_block(raw, calls)  # warm-up both paths
             _time_block(ours, calls)
             raw_times, our_times = [], []

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import median, table  # noqa: E402
+from _util import median, table
 
 STATEMENTS = {
     "import unidist": "import unidist",

@@ -88,9 +88,9 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
     else:
         done = subprocess.run(commands[kind], capture_output=True, text=True, env=env, timeout=240)
     lines = [line for line in done.stdout.splitlines() if line.startswith("TOPOLOGY ")]
-    assert done.returncode == 0 and len(lines) == 1, (
-        f"{kind}/{adapter} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
-    )
+    details = f"{kind}/{adapter} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, details
+    assert len(lines) == 1, details
     return json.loads(lines[0].removeprefix("TOPOLOGY "))  # type: ignore[no-any-return]
 
 
