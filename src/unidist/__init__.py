@@ -29,6 +29,7 @@ from unidist.errors import (
     AdapterUnavailableError,
     ConfigurationError,
     DistributedTimeoutError,
+    LaunchError,
     NotInitializedError,
     RemoteError,
     TopologyError,
@@ -59,10 +60,12 @@ from unidist.ranks import (
 )
 
 #: Public names whose module is imported on first access: name -> module.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "spawn": "unidist.launch.spawn",
+}
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
-    pass
+    from unidist.launch.spawn import spawn
 
 __all__ = [
     "AdapterNotFoundError",
@@ -70,6 +73,7 @@ __all__ = [
     "ConfigurationError",
     "DistributedTimeoutError",
     "Group",
+    "LaunchError",
     "NotInitializedError",
     "RemoteError",
     "Topology",
@@ -102,6 +106,7 @@ __all__ = [
     "one_rank_only",
     "rank_zero_only",
     "show_config",
+    "spawn",
     "topology",
     "use",
 ]

@@ -25,7 +25,74 @@ def _parser() -> argparse.ArgumentParser:
         description="Show what unidist detects in this process. Starts no process group.",
     )
     config.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _add_launch(commands)
     return parser
+
+
+def _add_launch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from unidist.launch.plan import add_arguments
+
+    launch = commands.add_parser(
+        "launch",
+        help="run a script on N processes per node (torch's elastic agent)",
+        description="Run a training script (or -m module) on several processes, with per-rank "
+        "logs, a console prefixed by rank, and a report that names the rank that failed.",
+    )
+    add_arguments(launch)
+    launch.add_argument("-v", "--verbose", action="store_true", help="show torch's agent logs")
+    smoke = commands.add_parser(
+        "smoke",
+        help="check every collective across N local processes (run before debugging a job)",
+        description="Start a tiny job through the launcher that checks each collective across "
+        "ranks and prints a pass/fail table with timings.",
+    )
+    smoke.add_argument("-n", "--nproc", default="2", help="processes (default 2, or 'auto')")
+    smoke.add_argument("--backend", default=None, help="gloo, nccl, ... (default: unidist's)")
+    smoke.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from unidist.launch import runner
+    from unidist.launch.dryrun import describe
+    from unidist.launch.plan import plan_from_args
+
+    plan = plan_from_args(args)
+    if args.dry_run:
+        print(describe(plan), end="")
+        return 0
+    program, argv = runner.script_command(plan)
+    report, _ = runner.run(plan, program, argv, verbose=args.verbose)
+    if report.failed:
+        print(report.format(), file=sys.stderr, end="", flush=True)
+    return report.exit_code
+
+
+def _smoke(args: argparse.Namespace) -> int:
+    from unidist.launch import runner
+    from unidist.launch.plan import add_arguments, plan_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    extra = ["--backend", args.backend] if args.backend else []
+    launch_args = parser.parse_args(
+        [
+            "-n",
+            str(args.nproc),
+            "--timeout",
+            str(args.timeout),
+            "-m",
+            "unidist.launch.smoke",
+            *extra,
+            "--timeout",
+            str(args.timeout),
+        ]
+    )
+    plan = plan_from_args(launch_args)
+    program, argv = runner.script_command(plan)
+    report, _ = runner.run(plan, program, argv)
+    if report.failed:
+        print(report.format(), file=sys.stderr, end="", flush=True)
+    return report.exit_code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             show_config(as_json=args.json)
             return 0
+        if args.command == "launch":
+            return _launch(args)
+        if args.command == "smoke":
+            return _smoke(args)
     except UnidistError as exc:
         print(f"unidist {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,8 @@ UnidistError
 ├── AdapterUnavailableError (ImportError)  the adapter's framework is missing (has `pip_hint`)
 ├── NotInitializedError (RuntimeError)     several processes but no process group yet
 ├── DistributedTimeoutError (TimeoutError) a wait ran out of time; names what it waited for
-└── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
+├── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
+└── LaunchError (RuntimeError)             a launched job failed; names the culprit rank
 ```
 
 Adapters translate framework and ``torch.distributed`` failures into this tree at their
@@ -25,6 +26,7 @@ __all__ = [
     "AdapterUnavailableError",
     "ConfigurationError",
     "DistributedTimeoutError",
+    "LaunchError",
     "NotInitializedError",
     "RemoteError",
     "TopologyError",
@@ -72,6 +74,22 @@ class DistributedTimeoutError(UnidistError, TimeoutError):
 
 class RemoteError(UnidistError, RuntimeError):
     """Another rank failed (raised, exited or was killed), so this rank cannot continue."""
+
+
+class LaunchError(UnidistError, RuntimeError):
+    """A job started by ``unidist launch`` or :func:`unidist.spawn` failed.
+
+    Attributes:
+        exit_code: the culprit's exit code (128 + signal number for a signal).
+        culprit: the global rank held responsible, or None if unknown.
+        report: the failure summary (also the message).
+    """
+
+    def __init__(self, report: str, *, exit_code: int, culprit: int | None) -> None:
+        super().__init__(report)
+        self.report = report
+        self.exit_code = exit_code
+        self.culprit = culprit
 
 
 # Fragments of torch.distributed / gloo / NCCL messages, mapped to the error class they mean.
