@@ -24,6 +24,7 @@ the error says to export it).
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 from dataclasses import dataclass
@@ -221,9 +222,12 @@ def _parse(kind: str) -> tuple[str, int | None]:
     name, _, index_text = kind.strip().lower().partition(":")
     name = _ALIASES.get(name, name)
     if name not in _KINDS and name != "auto":
+        close = difflib.get_close_matches(name, DEVICE_KINDS, n=1)
+        suggestion = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigurationError(
-            f"unknown device kind {kind!r}; expected one of {', '.join(DEVICE_KINDS)}. "
-            "HINT: 'gpu' and 'cuda' both mean NVIDIA GPUs; 'auto' picks for you."
+            f"unknown device kind {kind!r}{suggestion}; expected one of "
+            f"{', '.join(DEVICE_KINDS)}. HINT: 'gpu' and 'cuda' both mean NVIDIA GPUs; 'auto' "
+            "picks for you."
         )
     if not index_text:
         return name, None

@@ -124,12 +124,12 @@ def test_good_degrees(world: int, settings: dict[str, Any], expected: tuple[int,
         (
             4,
             {"tp": {"degree": 2, "plan": MLP_PLAN}},
-            "tp.degree=2 with world size 4 leaves 2 groups of ranks with nothing to do",
+            "tp.degree=2 with world size 4: tensor parallelism alone needs tp.degree == world size",
         ),
         (
             4,
             {"tp": {"degree": 8, "plan": MLP_PLAN}},
-            "tensor parallelism alone needs tp.degree == world size",
+            "tp.degree=8 needs 8 ranks, but the world size is 4",
         ),
     ],
 )
@@ -267,3 +267,15 @@ def test_a_good_plan_with_wildcards_and_wrap_names_passes() -> None:
         }
     )
     assert config.validate(4, Net()) == Degrees(1, 2, 2)
+
+
+def test_dict_forms_of_wrap_and_composers_none() -> None:
+    config = ParallelismConfig.from_dict(
+        {"fsdp": {"wrap": "Block", "data_parallel_replicate_degree": None}}
+    )
+    assert config.fsdp is not None
+    assert config.fsdp.wrap == ("Block",)
+    assert config.fsdp.replicate_degree == 1
+    assert ParallelismConfig.from_dict({"fsdp2": {"wrap": ["Block", nn.Linear]}}).validate(
+        2, Net()
+    ) == Degrees(1, 2, 1)

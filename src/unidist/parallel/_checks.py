@@ -152,19 +152,27 @@ def resolve_degrees(
     values = [value if value != -1 else world_size // known for _, value in entries]
     if math.prod(values) != world_size:
         if tp_alone:
-            raise ConfigurationError(
-                f"tp.degree={values[2]} with world size {world_size} leaves "
-                f"{world_size // values[2] if world_size % values[2] == 0 else 'some'} "
-                "groups of ranks with nothing to do: tensor parallelism alone needs "
-                "tp.degree == world size. HINT: add fsdp2=FSDP2Config() to shard over the rest, "
-                f"or set tp.degree={world_size} (or -1)."
-            )
+            raise _tp_alone_error(values[2], world_size)
         raise ConfigurationError(
             f"{shown} = {known}, but the world size is {world_size}: the degrees must multiply "
             "to the world size. HINT: set one of them to -1 to infer it, or run with "
             f"{known} ranks."
         )
     return Degrees(replicate=values[0], shard=values[1], tensor=values[2])
+
+
+def _tp_alone_error(tensor: int, world_size: int) -> ConfigurationError:
+    if tensor > world_size:
+        return ConfigurationError(
+            f"tp.degree={tensor} needs {tensor} ranks, but the world size is {world_size}: "
+            f"tensor parallelism alone needs tp.degree == world size. HINT: set tp.degree="
+            f"{world_size} (or -1), or run with {tensor} ranks."
+        )
+    return ConfigurationError(
+        f"tp.degree={tensor} with world size {world_size}: tensor parallelism alone needs "
+        "tp.degree == world size (the other ranks would have nothing to do). HINT: add "
+        f"fsdp2=FSDP2Config() to shard over the rest, or set tp.degree={world_size} (or -1)."
+    )
 
 
 def matching_modules(model: torch.nn.Module, pattern: str) -> list[str]:

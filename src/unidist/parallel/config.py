@@ -370,7 +370,9 @@ def _section(key: str, kind: type, value: Any) -> Any:
             )
         if target in settings:
             raise ConfigurationError(f"{key} sets {target!r} twice (directly and by alias).")
-        settings[target] = tuple(setting) if target == "wrap" else setting
+        if target == "replicate_degree" and setting is None:
+            setting = 1  # Composer's None: no replicate dimension
+        settings[target] = setting
     try:
         return kind(**settings)
     except TypeError as exc:  # a required setting is missing (TPConfig.degree)
