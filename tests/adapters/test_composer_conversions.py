@@ -142,8 +142,10 @@ def test_fsdp2_with_tp(world_of_four: None) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     config = ParallelismConfig(fsdp2=FSDP2Config(reshard_after_forward=False), tp=TPConfig(2, PLAN))
+    model = Block()
     with pytest.warns(UserWarning, match="FSDP2 Config/APIs are experimental"):  # Composer's
-        composer = config.to_composer()
+        composer = config.to_composer(model)
+    assert len(model._forward_pre_hooks) == 1  # corrects gloo's averaging once sharded
     assert isinstance(composer.fsdp2, ComposerFSDP2)
     assert composer.fsdp2.reshard_after_forward is False
     assert composer.fsdp2.state_dict_type == "sharded"
@@ -187,3 +189,64 @@ def test_an_existing_wrap_fn_is_not_replaced(world_of_four: None) -> None:
     model.fsdp_wrap_fn = lambda module: False  # type: ignore[assignment]
     with pytest.raises(ConfigurationError, match="already defines fsdp_wrap_fn"):
         ParallelismConfig(fsdp=FSDPConfig(wrap=(Block,))).to_composer(model)
+
+
+def composer_fit(settings: dict[str, Any] | None) -> dict[str, list[float]]:
+    """Rank body: one SGD step of Composer's Trainer; the full parameters afterwards."""
+    from composer import Trainer
+    from composer.models import ComposerClassifier
+    from composer.utils import dist
+    from torch.distributed.tensor import DTensor
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = ComposerClassifier(nn.Sequential(Block(), nn.ReLU(), nn.Linear(4, 3)), num_classes=3)
+    config = ParallelismConfig.from_dict(settings).to_composer(model) if settings else None
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(
+        torch.randn(16, 4, generator=generator), torch.randint(0, 3, (16,), generator=generator)
+    )
+    trainer = Trainer(
+        model=model,
+        train_dataloader=DataLoader(data, batch_size=8, sampler=dist.get_sampler(data)),
+        max_duration="1ba",
+        device="cpu",
+        parallelism_config=config,
+        optimizers=torch.optim.SGD(model.parameters(), lr=1.0),
+        progress_bar=False,
+        log_to_console=False,
+        loggers=[],
+    )
+    trainer.fit()
+    return {
+        name.replace("module.", ""): (p.full_tensor() if isinstance(p, DTensor) else p)
+        .detach()
+        .flatten()
+        .tolist()
+        for name, p in trainer.state.model.named_parameters()
+    }
+
+
+@pytest.mark.multiprocess
+def test_composers_trainer_with_fsdp2_matches_its_ddp_on_the_cpu() -> None:
+    from unidist.testing import run_distributed
+
+    ddp = run_distributed(composer_fit, None, world_size=2, adapter="composer", timeout=180)
+    fsdp2 = run_distributed(
+        composer_fit, {"fsdp2": {"wrap": ["Block"]}}, world_size=2, adapter="composer", timeout=180
+    )
+    assert fsdp2[0].keys() == ddp[0].keys()
+    for name, values in ddp[0].items():
+        assert fsdp2[0][name] == pytest.approx(values, abs=1e-5), name
+        assert fsdp2[1][name] == pytest.approx(values, abs=1e-5), name
+
+
+def test_fsdp2_for_composer_on_the_cpu_needs_the_model(
+    world_of_four: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with (
+        pytest.warns(UserWarning, match="experimental"),
+        pytest.raises(ConfigurationError, match=r"pytorch#162338.*to_composer\(model\)"),
+    ):
+        ParallelismConfig(fsdp2=FSDP2Config()).to_composer()

@@ -232,7 +232,10 @@ def to_composer_parallelism(config: ParallelismConfig, model: torch.nn.Module | 
     The degrees are validated against unidist's world size (and ``model``) first, and the
     values go over as given (a -1 stays -1: Composer fills it in the same way). ``wrap`` is
     carried by setting Composer's ``fsdp_wrap_fn`` on ``model`` (and, for a ``ComposerModel``,
-    on its direct children, where Composer looks for it).
+    on its direct children, where Composer looks for it). With FSDP2 a one-shot forward
+    pre-hook on ``model`` corrects torch 2.7's gloo averaging once the Trainer has sharded it
+    (see :mod:`unidist.parallel._gloo`). Composer's FSDP v1 needs CUDA (it passes
+    ``torch.cuda.current_device()``); unidist's ``apply()`` runs FSDP v1 on the CPU too.
 
     Returns:
         ``composer.utils.ParallelismConfig``, or None for DDP (Composer's Trainer wraps in DDP by
@@ -301,12 +304,31 @@ def to_composer_parallelism(config: ParallelismConfig, model: torch.nn.Module | 
             mixed_precision=precision,
             state_dict_type=config.fsdp2.state_dict_type,
         )
+        _correct_gloo_averaging_later(model)
     tp = None
     if config.tp is not None:
         from unidist.parallel._apply import tp_plan
 
         tp = TPConfig(tensor_parallel_degree=config.tp.degree, layer_plan=tp_plan(config.tp))
     return ComposerParallelism(fsdp=fsdp, fsdp2=fsdp2, tp=tp)
+
+
+def _correct_gloo_averaging_later(model: torch.nn.Module | None) -> None:
+    """Composer's FSDP2 over gloo inherits torch 2.7's summed averages (pytorch#162338)."""
+    from unidist.parallel._gloo import GlooAverageFix
+
+    if model is not None:
+        GlooAverageFix(model)  # corrects once the Trainer has sharded the model
+        return
+    from unidist import devices
+    from unidist.ranks import get_world_size
+
+    if get_world_size() > 1 and devices.device_kind() != "cuda":
+        raise ConfigurationError(
+            "FSDP2 over gloo (no CUDA device here) gets gradients summed instead of averaged in "
+            "torch 2.7 (pytorch#162338); unidist corrects that through the model, which "
+            "to_composer() was not given. HINT: config.to_composer(model)."
+        )
 
 
 def _composer_precision(setting: Any) -> Any:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from unidist.errors import ConfigurationError
 from unidist.parallel._checks import wrap_classes
+from unidist.parallel._gloo import correct_gloo_averaging
 from unidist.parallel.config import MESH_DIM_NAMES, DDPConfig
 
 if TYPE_CHECKING:
@@ -231,7 +232,7 @@ def _fsdp2(
     mesh: DeviceMesh,
     degrees: Degrees,
 ) -> None:
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if degrees.replicate > 1 and where.type == "cpu":
         import torch.distributed as dist
@@ -256,45 +257,4 @@ def _fsdp2(
         if module is not model and classes and isinstance(module, classes):
             fully_shard(module, **options)
     fully_shard(model, **options)
-    reduced = dtypes.get("reduce_dtype") or dtypes.get("param_dtype") or _float_dtype(model)
-    if _averages_are_summed(options["mesh"], reduced):
-        divide = _Divide(options["mesh"].size())
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_all_reduce_hook(divide)
-
-
-class _Divide:
-    """FSDP2 all-reduce hook that turns gloo's summed reduce-scatter into the average."""
-
-    def __init__(self, divisor: int) -> None:
-        self.divisor = divisor
-
-    def __call__(self, reduced: torch.Tensor) -> None:
-        reduced.div_(self.divisor)
-
-
-def _float_dtype(model: torch.nn.Module) -> torch.dtype | None:
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
-
-
-def _averages_are_summed(mesh: DeviceMesh, dtype: torch.dtype | None) -> bool:
-    """Whether the shard group's reduce-scatter silently sums when asked to average.
-
-    FSDP2 reduce-scatters fp32/bf16 gradients with ``ReduceOp.AVG``; torch 2.7's gloo ignores
-    AVG there and sums (pytorch/pytorch#162338), so the gradients come out ``world`` times too
-    large. Probed with one tiny collective rather than assumed, so a fixed torch is left alone.
-    """
-    import torch
-    import torch.distributed as dist
-
-    group = mesh.get_group()
-    if dtype not in (torch.float32, torch.bfloat16) or "gloo" not in str(dist.get_backend(group)):
-        return False  # other dtypes are pre/post-divided and summed by FSDP2 itself
-    size = mesh.size()
-    result = torch.empty(1)
-    try:
-        dist.reduce_scatter_tensor(result, torch.ones(size), op=dist.ReduceOp.AVG, group=group)
-    except RuntimeError:
-        return False  # AVG refused outright: FSDP2 reports that itself
-    return bool(result.item() != 1.0)
+    correct_gloo_averaging(model)  # torch 2.7's gloo sums FSDP2's averages (see _gloo.py)
