@@ -279,6 +279,9 @@ class ParallelismConfig:
 
         Composer's key names (``data_parallel_shard_degree``, ``tensor_parallel_degree``,
         ``layer_plan``, ...) are accepted too. Unknown keys are errors with a suggestion.
+        Unlike Composer, ``FSDP_VERSION`` is not consulted: a ``fsdp`` section is FSDP v1,
+        ``fsdp2`` is FSDP2. ``mixed_precision`` defaults to ``"full"`` (no casts), not
+        Composer's ``DEFAULT``.
         """
         if not isinstance(data, Mapping):
             raise ConfigurationError(f"parallelism config must be a mapping, got {data!r}.")
