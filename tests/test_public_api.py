@@ -42,12 +42,24 @@ EXPECTED = {
     "rank_zero_only",
     "one_rank_only",
     "one_rank_first",
+    # devices, parallelism, model placement
+    "device",
+    "default_backend",
+    "probe",
+    "ParallelismConfig",
+    "DDPConfig",
+    "FSDPConfig",
+    "FSDP2Config",
+    "TPConfig",
+    "auto_model",
+    "auto_optim",
     # errors
     "UnidistError",
     "ConfigurationError",
+    "DeviceUnavailableError",
     "TopologyError",
     "AdapterNotFoundError",
-    "AdapterUnavailableError",
+    "AdapterUnavailableError", "LaunchError", "spawn",
     "NotInitializedError",
     "DistributedTimeoutError",
     "RemoteError",
@@ -74,6 +86,19 @@ def test_no_undeclared_public_names() -> None:
 
 
 def test_public_modules_declare_all() -> None:
-    for name in ("ranks", "collectives", "lifecycle", "errors", "config", "testing", "adapters"):
+    for name in (
+        "ranks",
+        "collectives",
+        "lifecycle",
+        "errors",
+        "config",
+        "testing",
+        "adapters",
+        "devices",
+        "hardware",
+        "placement",
+        "parallel",
+        "parallel.config",
+    ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name

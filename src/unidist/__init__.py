@@ -28,6 +28,7 @@ from unidist.errors import (
     AdapterNotFoundError,
     AdapterUnavailableError,
     ConfigurationError,
+    DeviceUnavailableError,
     DistributedTimeoutError,
     LaunchError,
     NotInitializedError,
@@ -45,6 +46,13 @@ from unidist.lifecycle import (
     is_initialized,
     use,
 )
+from unidist.parallel import (
+    DDPConfig,
+    FSDP2Config,
+    FSDPConfig,
+    ParallelismConfig,
+    TPConfig,
+)
 from unidist.ranks import (
     get_local_rank,
     get_local_world_size,
@@ -61,21 +69,35 @@ from unidist.ranks import (
 
 #: Public names whose module is imported on first access: name -> module.
 _LAZY: dict[str, str] = {
+    "auto_model": "unidist.placement",
+    "auto_optim": "unidist.placement",
+    "default_backend": "unidist.devices",
+    "device": "unidist.devices",
+    "probe": "unidist.hardware",
     "spawn": "unidist.launch.spawn",
 }
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
+    from unidist.devices import default_backend, device
+    from unidist.hardware import probe
     from unidist.launch.spawn import spawn
+    from unidist.placement import auto_model, auto_optim
 
 __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
     "ConfigurationError",
+    "DDPConfig",
+    "DeviceUnavailableError",
     "DistributedTimeoutError",
+    "FSDP2Config",
+    "FSDPConfig",
     "Group",
     "LaunchError",
     "NotInitializedError",
+    "ParallelismConfig",
     "RemoteError",
+    "TPConfig",
     "Topology",
     "TopologyError",
     "UnidistError",
@@ -84,6 +106,8 @@ __all__ = [
     "all_gather_object",
     "all_gather_uneven",
     "all_reduce",
+    "auto_model",
+    "auto_optim",
     "available_adapters",
     "available_backends",
     "backend",
@@ -91,6 +115,8 @@ __all__ = [
     "broadcast",
     "broadcast_object",
     "current_adapter",
+    "default_backend",
+    "device",
     "finalize",
     "get_local_rank",
     "get_local_world_size",
@@ -104,6 +130,7 @@ __all__ = [
     "new_group",
     "one_rank_first",
     "one_rank_only",
+    "probe",
     "rank_zero_only",
     "show_config",
     "spawn",

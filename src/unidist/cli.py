@@ -25,6 +25,14 @@ def _parser() -> argparse.ArgumentParser:
         description="Show what unidist detects in this process. Starts no process group.",
     )
     config.add_argument("--json", action="store_true", help="print JSON for scripts")
+    probe = commands.add_parser(
+        "probe",
+        help="show devices, drivers, backends and the device unidist would use",
+        description="Report torch's build, CUDA (driver, devices, memory), MPS and other "
+        "accelerators, process-group backends, installed adapters, the launcher and topology, "
+        "and the device and backend unidist would pick. Starts no training and no process group.",
+    )
+    probe.add_argument("--json", action="store_true", help="print JSON for scripts")
     _add_launch(commands)
     return parser
 
@@ -107,6 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from unidist.config import show_config
 
             show_config(as_json=args.json)
+            return 0
+        if args.command == "probe":
+            from unidist.hardware import show_probe
+
+            show_probe(as_json=args.json)
             return 0
         if args.command == "launch":
             return _launch(args)

@@ -4,6 +4,7 @@
 UnidistError
 ├── ConfigurationError (ValueError)        bad argument or setting; the message names the fix
 │   ├── TopologyError                      malformed or contradictory launcher environment
+│   ├── DeviceUnavailableError             the device's runtime (driver, package) is missing
 │   └── AdapterNotFoundError (LookupError) no adapter of that name is registered
 ├── AdapterUnavailableError (ImportError)  the adapter's framework is missing (has `pip_hint`)
 ├── NotInitializedError (RuntimeError)     several processes but no process group yet
@@ -25,6 +26,7 @@ __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
     "ConfigurationError",
+    "DeviceUnavailableError",
     "DistributedTimeoutError",
     "LaunchError",
     "NotInitializedError",
@@ -46,6 +48,20 @@ class ConfigurationError(UnidistError, ValueError):
 
 class TopologyError(ConfigurationError):
     """The launcher's environment variables are malformed, incomplete or contradict each other."""
+
+
+class DeviceUnavailableError(ConfigurationError):
+    """The requested device cannot be used here: its driver, package or hardware is missing.
+
+    Attributes:
+        kind: the device kind asked for (``cuda``, ``mps``, ``xla``, ...).
+        missing: what is missing, in words ("Found no NVIDIA driver on your system").
+    """
+
+    def __init__(self, message: str, *, kind: str, missing: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.missing = missing
 
 
 class AdapterNotFoundError(ConfigurationError, LookupError):

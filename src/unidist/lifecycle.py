@@ -144,25 +144,13 @@ def _resolve_backend(requested: str | None, reading: EnvReading, live: bool) -> 
     if requested is None:
         if reading.world_size == 1:
             return None
-        return "nccl" if _cuda_device_count() > 0 and "nccl" in available_backends() else "gloo"
-    known = available_backends()
-    if requested not in known:
-        raise ConfigurationError(
-            f"backend {requested!r} is not available in this torch build; available: "
-            f"{', '.join(known) or 'none'}. HINT: use gloo on CPU, nccl on NVIDIA GPUs."
-        )
-    if requested == "nccl" and _cuda_device_count() == 0:
-        raise ConfigurationError(
-            "backend 'nccl' needs CUDA devices, but torch sees none "
-            "(torch.cuda.device_count() == 0). HINT: use backend='gloo' on CPU."
-        )
+        from unidist.devices import default_backend
+
+        return default_backend()  # the backend of the device device("auto") picks
+    from unidist.devices import require_backend
+
+    require_backend(requested)
     return requested
-
-
-def _cuda_device_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _placeholder(reading: EnvReading) -> Topology:
@@ -339,7 +327,13 @@ def backend() -> str | None:
 
 
 def available_backends() -> tuple[str, ...]:
-    """Process-group backends this torch build provides (``gloo``, ``nccl``, ``mpi``, ...)."""
+    """Process-group backends this torch build provides (``gloo``, ``nccl``, ``mpi``, ...).
+
+    Built-in backends count when torch was compiled with them (``nccl`` on a CUDA build even
+    without a GPU: :func:`unidist.probe` says whether devices are present); backends that a
+    plugin registered with ``torch.distributed.Backend.register_backend`` (``hccl`` once
+    ``habana_frameworks`` is imported, ``xla`` once ``torch_xla`` is) count too.
+    """
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -351,7 +345,13 @@ def available_backends() -> tuple[str, ...]:
         "ucc": "is_ucc_available",
         "xccl": "is_xccl_available",
     }
-    return tuple(name for name, check in checks.items() if getattr(dist, check, lambda: False)())
+    built = [name for name, check in checks.items() if getattr(dist, check, lambda: False)()]
+    plugins = [
+        name
+        for name in dist.Backend.backend_list
+        if name not in checks and name != dist.Backend.UNDEFINED
+    ]
+    return (*built, *plugins)
 
 
 def available_adapters() -> tuple[str, ...]:

@@ -1,0 +1,219 @@
+"""``unidist probe`` and :func:`unidist.probe`: the devices, runtimes and backends seen here.
+
+A safe check before a launch: it starts no training and no process group, writes no environment
+variable, and imports no framework (adapters are reported from package metadata). It does ask
+CUDA for device properties, which initialises CUDA in the calling process when a GPU is present
+(run it before forking DataLoader workers, or use the command line).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from unidist import devices, lifecycle
+from unidist.errors import UnidistError
+
+__all__ = ["format_probe", "probe", "show_probe"]
+
+_DRIVER_FILE = Path("/proc/driver/nvidia/version")
+
+
+def probe() -> dict[str, Any]:
+    """Everything :command:`unidist probe` prints, as a JSON-ready dict.
+
+    Keys: ``unidist``, ``python``, ``platform``, ``torch`` (version and build), ``cuda``
+    (availability, why not, driver, devices with memory), ``mps``, ``devices`` (every kind
+    :func:`unidist.device` accepts: available, or what is missing), ``backends`` (built into
+    torch) and ``unusable_backends`` (built, but their devices are missing here), ``adapters``
+    (installed, version), ``launcher``/``topology``/``master``/``environment_notes`` (or
+    ``topology_error``), ``adapter`` (the one unidist would choose, and why), ``pick`` (the
+    device and backend unidist would use here) and ``initialized``.
+    """
+    import torch
+
+    info = lifecycle.describe()  # launcher, topology, adapters, backends: written once there
+    info["platform"] = platform.platform()
+    info["torch"] = _torch_build(torch)
+    info["cuda"] = _cuda(torch)
+    info["mps"] = {
+        "built": bool(torch.backends.mps.is_built()),
+        "available": bool(torch.backends.mps.is_available()),
+    }
+    info["devices"] = _kinds()
+    info["unusable_backends"] = _unusable_backends(info["backends"])
+    info["pick"] = _pick(info)
+    return info
+
+
+def show_probe(as_json: bool = False, file: TextIO | None = None) -> dict[str, Any]:
+    """Print :func:`probe` as a table (or JSON) and return it."""
+    info = probe()
+    out = file if file is not None else sys.stdout
+    out.write(json.dumps(info, indent=2) + "\n" if as_json else format_probe(info))
+    return info
+
+
+def _torch_build(torch: Any) -> dict[str, Any]:
+    cudnn = torch.backends.cudnn
+    return {
+        "version": str(torch.__version__),
+        "git": getattr(torch.version, "git_version", None),
+        "debug": bool(torch.version.debug),
+        "cuda_built": bool(torch.backends.cuda.is_built()),
+        "cuda_version": torch.version.cuda,
+        "hip_version": getattr(torch.version, "hip", None),
+        "cudnn_version": cudnn.version() if cudnn.is_available() else None,
+        "distributed": bool(torch.distributed.is_available()),
+    }
+
+
+def _cuda(torch: Any) -> dict[str, Any]:
+    problem = devices.unavailable_reason("cuda")
+    found: list[dict[str, Any]] = []
+    if problem is None:
+        for index in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(index)
+            found.append(
+                {
+                    "index": index,
+                    "name": props.name,
+                    "capability": f"{props.major}.{props.minor}",
+                    "memory_gib": round(props.total_memory / 2**30, 2),
+                    "multiprocessors": props.multi_processor_count,
+                }
+            )
+    return {
+        "available": problem is None,
+        "problem": problem,
+        "device_count": len(found),
+        "driver": _nvidia_driver(),
+        "devices": found,
+    }
+
+
+def _nvidia_driver() -> dict[str, str | None]:
+    """The kernel module's version and the CUDA version the driver supports, without CUDA init."""
+    module = None
+    try:
+        first = _DRIVER_FILE.read_text().splitlines()[0]
+        words = first.split("Kernel Module")[-1].split()
+        module = words[0] if words else None
+    except (OSError, IndexError):
+        pass
+    api = None
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int()
+        if libcuda.cuDriverGetVersion(ctypes.byref(version)) == 0:  # needs no cuInit
+            api = f"{version.value // 1000}.{version.value % 1000 // 10}"
+    except (OSError, AttributeError):
+        pass
+    return {"version": module, "cuda": api}
+
+
+def _kinds() -> dict[str, dict[str, Any]]:
+    report: dict[str, dict[str, Any]] = {}
+    for kind in devices.KINDS:
+        reason = devices.unavailable_reason(kind)
+        report[kind] = {
+            "available": reason is None,
+            "missing": reason,
+            "backend": devices.BACKENDS[kind],
+        }
+    return report
+
+
+def _pick(info: dict[str, Any]) -> dict[str, Any]:
+    kind = next(k for k in ("cuda", "mps", "cpu") if info["devices"][k]["available"])
+    name = kind
+    if kind == "cuda":
+        local = info.get("topology", {}).get("local_rank")
+        count = info["cuda"]["device_count"]
+        name = f"cuda:{local % count}" if isinstance(local, int) else "cuda:<local rank>"
+    try:
+        backend = devices.default_backend(kind)
+    except UnidistError as exc:  # pragma: no cover (every auto kind has a backend)
+        backend = f"none ({exc})"
+    world = info.get("topology", {}).get("world_size", 1)
+    return {
+        "device": name,
+        "kind": kind,
+        "backend": backend if world != 1 else None,
+        "backend_if_distributed": backend,
+        "reason": _why(info),
+    }
+
+
+def _why(info: dict[str, Any]) -> str:
+    if info["devices"]["cuda"]["available"]:
+        return f"{info['cuda']['device_count']} CUDA device(s) visible"
+    if info["mps"]["available"]:
+        return "no usable CUDA device; MPS is available"
+    return "no usable CUDA device and no MPS"
+
+
+def _unusable_backends(names: list[str]) -> dict[str, str]:
+    """Built-in backends whose devices are missing here (``nccl`` without a GPU), and why."""
+    unusable = {}
+    for name in names:
+        try:
+            devices.require_backend(name)
+        except UnidistError as exc:
+            unusable[name] = str(getattr(exc, "missing", exc))
+    return unusable
+
+
+def format_probe(info: dict[str, Any]) -> str:
+    """The human-readable table of :func:`probe`."""
+    build = info["torch"]
+    lines = [
+        f"unidist {info['unidist']} (python {info['python']}, {info['platform']})",
+        f"  torch         {build['version']} (CUDA {build['cuda_version'] or 'none'}, cuDNN "
+        f"{build['cudnn_version'] or 'none'}, distributed {build['distributed']})",
+    ]
+    cuda = info["cuda"]
+    driver = cuda["driver"]
+    driver_text = (
+        f"{driver['version'] or '?'} (CUDA {driver['cuda'] or '?'})"
+        if driver["version"] or driver["cuda"]
+        else "none found"
+    )
+    lines.append(f"  nvidia driver {driver_text}")
+    if cuda["available"]:
+        lines.append(f"  cuda          {cuda['device_count']} device(s)")
+        lines.extend(
+            f"    cuda:{d['index']:<7} {d['name']}, {d['memory_gib']} GiB, sm {d['capability']}"
+            for d in cuda["devices"]
+        )
+    else:
+        lines.append(f"  cuda          unavailable: {cuda['problem']}")
+    lines.append("  devices")
+    for kind, state in info["devices"].items():
+        missing = "see cuda above" if kind == "cuda" else state["missing"]
+        text = "available" if state["available"] else f"no: {missing}"
+        lines.append(f"    {kind:<11} {text} [backend {state['backend']}]")
+    unusable = info["unusable_backends"]
+    shown = [f"{b} (built, unusable here)" if b in unusable else b for b in info["backends"]]
+    lines.append(f"  backends      {', '.join(shown) or 'none'}")
+    lines.append("  adapters")
+    for name, spec in info["adapters"].items():
+        installed = spec["version"] or "installed"
+        state = installed if spec["installed"] else f"not installed: {spec['install']}"
+        lines.append(f"    {name:<11} {state}")
+    if info.get("topology_error"):
+        lines.append(f"  topology      ERROR: {info['topology_error']}")
+    else:
+        topo = info["topology"]
+        lines.append(f"  launcher      {info['launcher']}")
+        lines.append("  topology      " + ", ".join(f"{k}={v}" for k, v in topo.items()))
+    lines.append(f"  adapter       {info['adapter']['name']} ({info['adapter']['reason']})")
+    pick = info["pick"]
+    backend = pick["backend"] or f"none in one process ({pick['backend_if_distributed']} if more)"
+    lines.append(f"  would use     {pick['device']}, backend {backend}")
+    lines.append(f"    - {pick['reason']}")
+    return "\n".join(lines) + "\n"
