@@ -42,6 +42,15 @@ EXPECTED = {
     "rank_zero_only",
     "one_rank_only",
     "one_rank_first",
+    # samplers and data loading
+    "DistributedSampler",
+    "DistributedSamplerWrapper",
+    "get_sampler",
+    "auto_dataloader",
+    "StatefulDataLoader",
+    "shard_iterable",
+    "ShardedIterable",
+    "gather_in_order",
     # errors
     "UnidistError",
     "ConfigurationError",
@@ -74,6 +83,17 @@ def test_no_undeclared_public_names() -> None:
 
 
 def test_public_modules_declare_all() -> None:
-    for name in ("ranks", "collectives", "lifecycle", "errors", "config", "testing", "adapters"):
+    for name in (
+        "ranks",
+        "collectives",
+        "lifecycle",
+        "errors",
+        "config",
+        "testing",
+        "adapters",
+        "samplers",
+        "data",
+        "streams",
+    ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name

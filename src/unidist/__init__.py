@@ -59,19 +59,34 @@ from unidist.ranks import (
 )
 
 #: Public names whose module is imported on first access: name -> module.
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "DistributedSampler": "unidist.samplers",
+    "DistributedSamplerWrapper": "unidist.samplers",
+    "ShardedIterable": "unidist.streams",
+    "StatefulDataLoader": "unidist.data",
+    "auto_dataloader": "unidist.data",
+    "gather_in_order": "unidist.data",
+    "get_sampler": "unidist.samplers",
+    "shard_iterable": "unidist.streams",
+}
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
-    pass
+    from unidist.data import StatefulDataLoader, auto_dataloader, gather_in_order
+    from unidist.samplers import DistributedSampler, DistributedSamplerWrapper, get_sampler
+    from unidist.streams import ShardedIterable, shard_iterable
 
 __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
     "ConfigurationError",
+    "DistributedSampler",
+    "DistributedSamplerWrapper",
     "DistributedTimeoutError",
     "Group",
     "NotInitializedError",
     "RemoteError",
+    "ShardedIterable",
+    "StatefulDataLoader",
     "Topology",
     "TopologyError",
     "UnidistError",
@@ -80,6 +95,7 @@ __all__ = [
     "all_gather_object",
     "all_gather_uneven",
     "all_reduce",
+    "auto_dataloader",
     "available_adapters",
     "available_backends",
     "backend",
@@ -88,11 +104,13 @@ __all__ = [
     "broadcast_object",
     "current_adapter",
     "finalize",
+    "gather_in_order",
     "get_local_rank",
     "get_local_world_size",
     "get_node_rank",
     "get_num_nodes",
     "get_rank",
+    "get_sampler",
     "get_world_size",
     "initialize",
     "is_initialized",
@@ -101,6 +119,7 @@ __all__ = [
     "one_rank_first",
     "one_rank_only",
     "rank_zero_only",
+    "shard_iterable",
     "show_config",
     "topology",
     "use",
