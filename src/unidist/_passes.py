@@ -13,6 +13,7 @@ sampler has yielded (exact only with ``num_workers=0``).
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -175,17 +176,18 @@ class PassSampler(_TorchDistributedSampler[int]):
         self._epoch, self._start, self._used, self._pending = epoch, 0, False, False
 
     def __iter__(self) -> Iterator[int]:
-        # A generator: nothing happens until the first index is drawn. DataLoader creates and
-        # drops an unused iterator when it starts workers, which must not advance the epoch.
-        return self._iterate()
+        # Lazy: nothing happens until the first index is drawn. DataLoader creates and drops an
+        # unused iterator when it starts workers, which must not advance the epoch. Indices flow
+        # through C iterators (chain over list iterators); Python runs once per chunk.
+        return itertools.chain.from_iterable(self._iterate())
 
-    def _iterate(self) -> Iterator[Any]:
+    def _iterate(self) -> Iterator[Iterator[Any]]:
         record = self._begin()
         for chunk in self._chunks(record.epoch, record.share):
             record.base += record.chunk
             record.chunk = len(chunk)
-            record.it = iter(chunk)
-            yield from record.it
+            record.it = iter(chunk)  # kept, so that yielded() can ask how much of it is left
+            yield record.it
         record.exhausted = True
 
     def _begin(self) -> _Pass:

@@ -83,7 +83,7 @@ class IdentityOrder:
     """No shuffling: position ``p`` holds index ``p``."""
 
     def __call__(self, positions: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
-        return positions.astype(np.int64)
+        return positions.view(np.int64)
 
 
 class TableOrder:
@@ -118,7 +118,7 @@ class FeistelOrder:
             again = self._network(out[outside])
             out[outside] = again
             outside = outside[again >= self.length]
-        return out.astype(np.int64)
+        return out.view(np.int64)  # every value is below N < 2**63
 
     def _network(self, x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
         a, b = self._a, self._b
@@ -135,10 +135,9 @@ class FeistelOrder:
             f >>= _S32  # Lemire's multiply-shift: the top 32 bits scaled into [0, radix)
             f *= radix
             f >>= _S32
-            target += f
-            np.greater_equal(target, radix, out=scratch)
-            scratch *= radix
-            target -= scratch
+            target += f  # now below 2 * radix: subtract radix where it is not below radix
+            np.subtract(target, radix, out=scratch)  # wraps around (huge) where target < radix
+            np.minimum(target, scratch, out=target)
         left *= b
         left += right
         return left
