@@ -288,6 +288,16 @@ def test_bad_arguments_say_what_is_wrong(kwargs: dict[str, Any], fragment: str) 
     assert fragment in str(info.value)
 
 
+def test_numpy_integers_are_ints() -> None:
+    import numpy as np
+
+    sampler = DistributedSampler(np.int64(12), seed=np.int64(3), rank=np.int32(1), world_size=2)
+    sampler.set_epoch(np.int64(2))
+    assert list(sampler) == _shards(12, 2, 2, seed=3)[1]
+    with pytest.raises(ConfigurationError, match="seed must be an int"):
+        DistributedSampler(5, seed=1.5)  # type: ignore[arg-type]
+
+
 def test_set_epoch_refuses_negative_epochs() -> None:
     with pytest.raises(ConfigurationError, match="epoch must be at least 0"):
         DistributedSampler(5).set_epoch(-1)

@@ -46,6 +46,14 @@ class Reversed(torch.utils.data.Sampler[int]):
         self.epochs.append(epoch)
 
 
+class Stream(torch.utils.data.IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(3))
+
+    def __len__(self) -> int:
+        return 3
+
+
 class Liar(torch.utils.data.Sampler[int]):
     def __init__(self, n: int, claims: int) -> None:
         self.n, self.claims = n, claims
@@ -172,6 +180,8 @@ def test_wrapper_catches_samplers_whose_len_lies(sampler: Any, fragment: str) ->
 def test_wrapper_refuses_what_it_cannot_wrap() -> None:
     with pytest.raises(ConfigurationError, match="shard twice"):
         DistributedSamplerWrapper(DistributedSampler(5))
+    with pytest.raises(ConfigurationError, match="shard_iterable"):
+        DistributedSamplerWrapper(Stream())
     with pytest.raises(ConfigurationError, match="needs a sampler with len"):
         DistributedSamplerWrapper(iter([1, 2]))  # type: ignore[arg-type]
     state = DistributedSamplerWrapper(Reversed(4)).state_dict()

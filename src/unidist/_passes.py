@@ -31,9 +31,10 @@ STATE_FORMAT = "unidist.sampler/1"
 
 
 def check_int(value: object, name: str, *, minimum: int | None = None) -> int:
-    """``value`` as an int (bools refused), at least ``minimum``."""
-    if not isinstance(value, int) or isinstance(value, bool):
+    """``value`` as an int (numpy integers too; bools refused), at least ``minimum``."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ConfigurationError(f"{name} must be an int, got {value!r}.")
+    value = operator.index(value)  # type: ignore[arg-type]
     if minimum is not None and value < minimum:
         raise ConfigurationError(f"{name} must be at least {minimum}, got {value}.")
     return value

@@ -51,8 +51,9 @@ _TORCH_SEEDS = (-(1 << 63), (1 << 64) - 1)
 
 def _length_of(data: object, what: str) -> tuple[int, Any]:
     """(length, dataset) of a sized dataset or a length; refuses iterable datasets."""
-    if isinstance(data, int) and not isinstance(data, bool):
-        return check_int(data, f"{what}'s length", minimum=0), range(data)
+    if not isinstance(data, Sized | bool) and hasattr(type(data), "__index__"):
+        length = check_int(data, f"{what}'s length", minimum=0)
+        return length, range(length)
     if isinstance(data, IterableDataset):
         raise ConfigurationError(
             f"{what} indexes map-style datasets, but {type(data).__name__} is an "
@@ -139,7 +140,7 @@ class DistributedSampler(PassSampler):
         # Unshuffled, both orders are the identity, so their states are interchangeable.
         return {"kind": "DistributedSampler", "order": self.order if self.shuffle else "sequential"}
 
-    def global_order(self, epoch: int) -> Order:
+    def _global_order(self, epoch: int) -> Order:
         """The epoch's order: a function from positions (uint64 array) to dataset indices."""
         if not self.shuffle:
             return IdentityOrder()
@@ -154,7 +155,7 @@ class DistributedSampler(PassSampler):
         return TableOrder(self._table[1])
 
     def _chunks(self, epoch: int, share: Share) -> Iterator[list[Any]]:
-        order, count = self.global_order(epoch), share.count
+        order, count = self._global_order(epoch), share.count
         for lo in range(0, count, CHUNK):
             yield order(share.positions(lo, min(count, lo + CHUNK))).tolist()
 
@@ -180,7 +181,7 @@ class DistributedSampler(PassSampler):
                 f"{count} values, but this rank read only {share.count} samples in its last "
                 f"pass (epoch {record.epoch}). HINT: pass one value per sample the sampler gave."
             )
-        return self.global_order(record.epoch)(share.positions(0, count))
+        return self._global_order(record.epoch)(share.positions(0, count))
 
 
 class _PrivateRandom:
@@ -250,6 +251,11 @@ class DistributedSamplerWrapper(PassSampler):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
+        if isinstance(sampler, IterableDataset):
+            raise ConfigurationError(
+                f"{type(sampler).__name__} is an IterableDataset, not a sampler. HINT: split "
+                "streams with unidist.shard_iterable(dataset)."
+            )
         if isinstance(sampler, torch.utils.data.DistributedSampler):
             raise ConfigurationError(
                 f"{type(sampler).__name__} already shards across ranks; wrapping it would shard "
