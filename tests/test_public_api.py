@@ -53,13 +53,24 @@ EXPECTED = {
     "TPConfig",
     "auto_model",
     "auto_optim",
+    # samplers and data loading
+    "DistributedSampler",
+    "DistributedSamplerWrapper",
+    "get_sampler",
+    "auto_dataloader",
+    "StatefulDataLoader",
+    "shard_iterable",
+    "ShardedIterable",
+    "gather_in_order",
     # errors
     "UnidistError",
     "ConfigurationError",
     "DeviceUnavailableError",
     "TopologyError",
     "AdapterNotFoundError",
-    "AdapterUnavailableError", "LaunchError", "spawn",
+    "AdapterUnavailableError",
+    "LaunchError",
+    "spawn",
     "NotInitializedError",
     "DistributedTimeoutError",
     "RemoteError",
@@ -99,6 +110,9 @@ def test_public_modules_declare_all() -> None:
         "placement",
         "parallel",
         "parallel.config",
+        "samplers",
+        "data",
+        "streams",
     ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name

@@ -69,19 +69,30 @@ from unidist.ranks import (
 
 #: Public names whose module is imported on first access: name -> module.
 _LAZY: dict[str, str] = {
+    "DistributedSampler": "unidist.samplers",
+    "DistributedSamplerWrapper": "unidist.samplers",
+    "ShardedIterable": "unidist.streams",
+    "StatefulDataLoader": "unidist.data",
+    "auto_dataloader": "unidist.data",
     "auto_model": "unidist.placement",
     "auto_optim": "unidist.placement",
     "default_backend": "unidist.devices",
     "device": "unidist.devices",
+    "gather_in_order": "unidist.data",
+    "get_sampler": "unidist.samplers",
     "probe": "unidist.hardware",
+    "shard_iterable": "unidist.streams",
     "spawn": "unidist.launch.spawn",
 }
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
+    from unidist.data import StatefulDataLoader, auto_dataloader, gather_in_order
     from unidist.devices import default_backend, device
     from unidist.hardware import probe
     from unidist.launch.spawn import spawn
     from unidist.placement import auto_model, auto_optim
+    from unidist.samplers import DistributedSampler, DistributedSamplerWrapper, get_sampler
+    from unidist.streams import ShardedIterable, shard_iterable
 
 __all__ = [
     "AdapterNotFoundError",
@@ -89,6 +100,8 @@ __all__ = [
     "ConfigurationError",
     "DDPConfig",
     "DeviceUnavailableError",
+    "DistributedSampler",
+    "DistributedSamplerWrapper",
     "DistributedTimeoutError",
     "FSDP2Config",
     "FSDPConfig",
@@ -97,6 +110,8 @@ __all__ = [
     "NotInitializedError",
     "ParallelismConfig",
     "RemoteError",
+    "ShardedIterable",
+    "StatefulDataLoader",
     "TPConfig",
     "Topology",
     "TopologyError",
@@ -106,6 +121,7 @@ __all__ = [
     "all_gather_object",
     "all_gather_uneven",
     "all_reduce",
+    "auto_dataloader",
     "auto_model",
     "auto_optim",
     "available_adapters",
@@ -118,11 +134,13 @@ __all__ = [
     "default_backend",
     "device",
     "finalize",
+    "gather_in_order",
     "get_local_rank",
     "get_local_world_size",
     "get_node_rank",
     "get_num_nodes",
     "get_rank",
+    "get_sampler",
     "get_world_size",
     "initialize",
     "is_initialized",
@@ -132,6 +150,7 @@ __all__ = [
     "one_rank_only",
     "probe",
     "rank_zero_only",
+    "shard_iterable",
     "show_config",
     "spawn",
     "topology",

@@ -374,6 +374,9 @@ def _worker(job: _Job) -> None:
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     os.environ.clear()
     os.environ.update(job.env)
+    # The fork server passed its start method on; the rank's own DataLoader workers should start
+    # the way they would in a normal script (fork on Linux), not as fresh interpreters.
+    multiprocessing.set_start_method(_DEFAULT_START_METHOD, force=True)
     import torch
 
     torch.set_num_threads(int(job.env.get("OMP_NUM_THREADS", "1")))
@@ -429,6 +432,9 @@ def _die_with_parent() -> None:
 # -- the fork server ---------------------------------------------------------------------------
 
 _FRAMEWORKS = ("composer.utils.dist", "ignite.distributed")
+_DEFAULT_START_METHOD = multiprocessing.get_start_method(allow_none=True) or (
+    "fork" if sys.platform.startswith("linux") else "spawn"
+)
 _context_cache: Any = None
 
 

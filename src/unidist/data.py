@@ -1,0 +1,402 @@
+"""Data loaders for distributed runs: explicit batch sizes, resumable state, sharded streams.
+
+* :func:`auto_dataloader` builds a :class:`StatefulDataLoader` with the right sampler injected:
+  a per-rank ``batch_size`` or a ``global_batch_size`` (never a silent division), a user sampler
+  wrapped rather than replaced, per-rank defaults for ``num_workers`` and ``pin_memory``.
+* :class:`StatefulDataLoader` counts the batches the loop actually received, so its
+  ``state_dict()`` resumes exactly, whatever the workers prefetched.
+* Iterable datasets are split with :func:`unidist.shard_iterable` (:mod:`unidist.streams`).
+* :func:`gather_in_order` collects per-sample eval results from every rank in dataset order.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, Literal, TypeVar, overload
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from unidist import collectives, ranks
+from unidist._passes import PassSampler, check_flag, check_int
+from unidist.errors import ConfigurationError, TopologyError
+from unidist.samplers import DistributedSampler, get_sampler
+from unidist.streams import ShardedIterable
+
+__all__ = ["StatefulDataLoader", "auto_dataloader", "gather_in_order"]
+
+T = TypeVar("T")
+#: Most DataLoader workers a rank gets by default.
+_MAX_DEFAULT_WORKERS = 8
+
+
+# -- StatefulDataLoader ------------------------------------------------------------------------
+
+
+class StatefulDataLoader(DataLoader[Any]):
+    """A ``torch.utils.data.DataLoader`` that can be checkpointed and resumed mid-epoch.
+
+    Over a unidist sampler (:class:`~unidist.DistributedSampler` or
+    :class:`~unidist.DistributedSamplerWrapper`) it reports every batch handed to the loop, so
+    :meth:`state_dict` records what the loop consumed, not what the workers prefetched, and
+    :meth:`load_state_dict` (on this or another number of ranks) yields exactly the samples of
+    the epoch not yet consumed. Everything else is torch's DataLoader.
+    """
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a counting wrapper
+        found = self._tracked()
+        inner = super().__iter__()
+        if found is None:
+            return inner
+        return _Counting(inner, *found)
+
+    def _tracked(self) -> tuple[PassSampler, int] | None:
+        """(unidist sampler, samples per full batch), when the loader draws from one."""
+        if self.batch_sampler is None:  # no automatic batching: one sample per item
+            return (self.sampler, 1) if isinstance(self.sampler, PassSampler) else None
+        inner = getattr(self.batch_sampler, "sampler", None)
+        size = getattr(self.batch_sampler, "batch_size", None)
+        if isinstance(inner, PassSampler) and isinstance(size, int):
+            return inner, size
+        return None
+
+    def _stateful(self) -> PassSampler:
+        found = self._tracked()
+        if found is None:
+            raise ConfigurationError(
+                f"this DataLoader draws from {type(self.sampler).__name__}, which cannot record "
+                "where an epoch stopped. HINT: build it with unidist.auto_dataloader, or pass "
+                "sampler=unidist.DistributedSampler(dataset) (or DistributedSamplerWrapper)."
+            )
+        return found[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop is: the sampler's seed, epoch and the samples consumed so far."""
+        return {"sampler": self._stateful().state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next iteration yields the rest of that epoch."""
+        if not isinstance(state, Mapping) or "sampler" not in state:
+            raise ConfigurationError(
+                f"not a StatefulDataLoader state: {state!r:.200}. HINT: pass what "
+                "loader.state_dict() returned."
+            )
+        self._stateful().load_state_dict(state["sampler"])
+
+    def set_epoch(self, epoch: int) -> None:
+        """The sampler's ``set_epoch`` (optional: epochs advance by themselves)."""
+        self._stateful().set_epoch(epoch)
+
+
+class _Counting(Iterator[Any]):
+    """Wraps DataLoader's iterator; tells the sampler how many samples the loop received."""
+
+    def __init__(self, inner: Iterator[Any], sampler: PassSampler, per_batch: int) -> None:
+        self._inner = inner
+        self._sampler = sampler
+        self._per_batch = per_batch
+        self._delivered = 0
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            self._sampler._loader_progress(self._delivered * self._per_batch, True)
+            raise
+        self._delivered += 1
+        self._sampler._loader_progress(self._delivered * self._per_batch, False)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+
+# -- auto_dataloader ---------------------------------------------------------------------------
+
+
+def auto_dataloader(
+    dataset: Any,
+    *,
+    batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    sampler: Iterable[Any] | None = None,
+    shuffle: bool | None = None,
+    drop_last: bool = False,
+    seed: int = 0,
+    mode: Literal["train", "eval"] = "train",
+    order: Literal["fast", "torch"] = "fast",
+    native: bool | Literal["torch", "composer", "ignite"] = False,
+    already_sharded: bool = False,
+    **loader_kw: Any,
+) -> StatefulDataLoader:
+    """A DataLoader for this rank, with a distributed sampler injected.
+
+    Exactly one batch size is given: ``batch_size`` per rank, or ``global_batch_size`` across
+    all ranks, which must divide by the world size (Ignite's ``auto_dataloader`` divides
+    ``batch_size`` silently and drops the remainder). The sampler is
+    :func:`unidist.get_sampler`'s: a user ``sampler`` is wrapped
+    (:class:`~unidist.DistributedSamplerWrapper`), a distributed one is kept (after checking
+    its rank and world size). ``drop_last`` applies to the sampler (no padding duplicates) and
+    to the last partial batch. Unlike DataLoader, ``shuffle`` defaults to True, in one process
+    as well as several.
+
+    Per-rank defaults, each overridable through ``loader_kw``: ``num_workers`` = this rank's
+    share of the CPUs minus one for the training process (at most 8; CPUs divided by the
+    processes on this node); ``pin_memory`` = whether CUDA is available.
+
+    Iterable datasets get no sampler; in a job of several ranks they must be sharded
+    (:func:`shard_iterable`) or declared ``already_sharded=True`` if they split themselves.
+
+    Args:
+        dataset: a map-style dataset, or an iterable one (see above).
+        batch_size: samples per batch on each rank.
+        global_batch_size: samples per batch across all ranks.
+        sampler: a sampler to wrap (or a distributed sampler to keep).
+        shuffle: shuffle each epoch (default True; not with ``sampler``).
+        drop_last: drop the tail instead of padding, and the last partial batch.
+        seed: seed of the sampler.
+        mode: ``"train"`` or ``"eval"`` (exact-once; see :class:`~unidist.DistributedSampler`).
+        order: ``"fast"`` or ``"torch"`` (see :class:`~unidist.DistributedSampler`).
+        native: use a framework's own sampler (see :func:`unidist.get_sampler`).
+        already_sharded: the iterable dataset already yields different data on each rank.
+        **loader_kw: anything else ``DataLoader`` takes (not ``batch_sampler``).
+
+    Raises:
+        ConfigurationError: both or neither batch size, an indivisible global batch size, a
+            ``batch_sampler``, a sampler for another world size, or an unsharded stream.
+    """
+    world, rank = ranks.get_world_size(), ranks.get_rank()
+    per_rank = _per_rank_batch(batch_size, global_batch_size, world)
+    if "batch_sampler" in loader_kw:
+        raise ConfigurationError(
+            "auto_dataloader builds the batches itself and cannot shard a batch_sampler. "
+            "HINT: pass sampler=... (it gets wrapped), or build DataLoader(batch_sampler=...) "
+            "yourself with a batch sampler that splits across ranks."
+        )
+    _apply_defaults(loader_kw)
+    if isinstance(dataset, IterableDataset):
+        _check_stream(dataset, sampler, shuffle, world, check_flag(already_sharded, "sharded"))
+        return StatefulDataLoader(dataset, batch_size=per_rank, drop_last=drop_last, **loader_kw)
+    chosen = _choose_sampler(
+        dataset, sampler, shuffle, drop_last, seed, mode, order, native, rank, world
+    )
+    return StatefulDataLoader(
+        dataset, batch_size=per_rank, sampler=chosen, drop_last=drop_last, **loader_kw
+    )
+
+
+def _per_rank_batch(batch_size: int | None, global_batch_size: int | None, world: int) -> int:
+    if (batch_size is None) == (global_batch_size is None):
+        raise ConfigurationError(
+            "give exactly one of batch_size (per rank) and global_batch_size (across all "
+            f"{world} ranks), got batch_size={batch_size!r}, "
+            f"global_batch_size={global_batch_size!r}."
+        )
+    if batch_size is not None:
+        return check_int(batch_size, "batch_size", minimum=1)
+    total = check_int(global_batch_size, "global_batch_size", minimum=1)
+    if total % world:
+        lower, upper = total // world * world, -(-total // world) * world
+        choices = f"{lower} or {upper}" if lower else f"{upper}"
+        raise ConfigurationError(
+            f"global_batch_size={total} does not divide by the world size {world}, so the ranks "
+            f"cannot share it evenly. HINT: use {choices}, or pass batch_size= per rank."
+        )
+    return total // world
+
+
+def _apply_defaults(loader_kw: dict[str, Any]) -> None:
+    if "num_workers" not in loader_kw:
+        workers = default_num_workers()
+        if loader_kw.get("persistent_workers") or loader_kw.get("prefetch_factor") is not None:
+            workers = max(1, workers)  # both options need workers; asking for them means so
+        loader_kw["num_workers"] = workers
+    loader_kw.setdefault("pin_memory", torch.cuda.is_available())
+
+
+def default_num_workers() -> int:
+    """This rank's share of the usable CPUs, minus one for the training process (0..8)."""
+    try:
+        local = ranks.get_local_world_size()
+    except TopologyError:  # local values unknown before initialize(): assume one node
+        local = ranks.get_world_size()
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return max(0, min(_MAX_DEFAULT_WORKERS, cpus // max(1, local) - 1))
+
+
+def _check_stream(
+    dataset: IterableDataset[Any], sampler: Any, shuffle: bool | None, world: int, sharded: bool
+) -> None:
+    if sampler is not None or shuffle:
+        raise ConfigurationError(
+            f"{type(dataset).__name__} is an IterableDataset: it has no indices to sample or "
+            "shuffle. HINT: drop sampler/shuffle, and shuffle inside the stream."
+        )
+    if world > 1 and not sharded and not isinstance(dataset, ShardedIterable):
+        raise ConfigurationError(
+            f"{type(dataset).__name__} is an IterableDataset, and every one of the {world} "
+            "ranks would read all of it. HINT: wrap it, auto_dataloader("
+            "unidist.shard_iterable(dataset), ...), or pass already_sharded=True if it "
+            "yields different data on each rank by itself."
+        )
+
+
+def _choose_sampler(
+    dataset: Any,
+    sampler: Iterable[Any] | None,
+    shuffle: bool | None,
+    drop_last: bool,
+    seed: int,
+    mode: Literal["train", "eval"],
+    order: Literal["fast", "torch"],
+    native: bool | Literal["torch", "composer", "ignite"],
+    rank: int,
+    world: int,
+) -> Any:
+    if isinstance(sampler, torch.utils.data.DistributedSampler):
+        if shuffle is not None:
+            raise ConfigurationError(
+                "shuffle cannot be combined with a sampler; the sampler decides. HINT: drop it."
+            )
+        if (sampler.num_replicas, sampler.rank) != (world, rank):
+            raise ConfigurationError(
+                f"the {type(sampler).__name__} given was built for rank {sampler.rank} of "
+                f"{sampler.num_replicas}, but this is rank {rank} of {world}. HINT: build it "
+                "after unidist.initialize(), without explicit rank/num_replicas."
+            )
+        return sampler
+    return get_sampler(
+        dataset,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        seed=seed,
+        mode=mode,
+        order=order,
+        sampler=sampler,
+        native=native,
+        rank=rank,
+        world_size=world,
+    )
+
+
+# -- exact-once evaluation ---------------------------------------------------------------------
+
+
+@overload
+def gather_in_order(
+    values: torch.Tensor,
+    *,
+    sampler: DistributedSampler | None = ...,
+    indices: Any = ...,
+    return_indices: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def gather_in_order(
+    values: Sequence[T],
+    *,
+    sampler: DistributedSampler | None = ...,
+    indices: Any = ...,
+    return_indices: Literal[False] = ...,
+) -> list[T]: ...
+
+
+@overload
+def gather_in_order(
+    values: Any,
+    *,
+    sampler: DistributedSampler | None = ...,
+    indices: Any = ...,
+    return_indices: Literal[True],
+) -> tuple[Any, list[int]]: ...
+
+
+def gather_in_order(
+    values: Any,
+    *,
+    sampler: DistributedSampler | None = None,
+    indices: Any = None,
+    return_indices: bool = False,
+) -> Any:
+    """Collect per-sample results from every rank, in dataset order, each sample once.
+
+    Every rank calls it with the results of the samples it read, in the order it read them.
+    The dataset index of each result comes from ``sampler`` (this rank's last pass: value
+    ``k`` belongs to the ``k``-th index it yielded) or from ``indices``. Results are gathered
+    with :func:`unidist.all_gather_uneven` (tensors) or :func:`unidist.all_gather_object`
+    (anything else), sorted by dataset index, and duplicates (padding) are dropped.
+
+    With ``DistributedSampler(dataset, mode="eval")`` the result has one entry per sample of
+    the dataset, in dataset order.
+
+    Args:
+        values: a tensor whose first dimension is the sample, or a sequence of per-sample
+            objects.
+        sampler: the :class:`~unidist.DistributedSampler` that produced this rank's samples.
+        indices: instead of ``sampler``: the dataset index of each value.
+        return_indices: also return the dataset indices of the result.
+
+    Returns:
+        A tensor (same dtype and trailing shape) or a list, on every rank; with
+        ``return_indices``, a pair (result, sorted list of dataset indices).
+
+    Raises:
+        ConfigurationError: both or neither of sampler/indices, or counts that do not match.
+    """
+    count = _count(values)
+    own = _indices(count, sampler, indices)
+    if isinstance(values, torch.Tensor):
+        gathered = torch.cat(collectives.all_gather_uneven(values))
+        every = torch.cat(collectives.all_gather_uneven(own)).cpu()
+        order = torch.argsort(every, stable=True)
+        ordered = every[order]
+        first = torch.ones_like(ordered, dtype=torch.bool)
+        first[1:] = ordered[1:] != ordered[:-1]
+        result: Any = gathered[order[first].to(gathered.device)]
+        kept = ordered[first].tolist()
+    else:
+        merged: dict[int, Any] = {}
+        for ids, items in collectives.all_gather_object((own.tolist(), list(values))):
+            for i, item in zip(ids, items, strict=True):
+                merged.setdefault(i, item)
+        kept = sorted(merged)
+        result = [merged[i] for i in kept]
+    return (result, kept) if return_indices else result
+
+
+def _count(values: Any) -> int:
+    if isinstance(values, torch.Tensor):
+        if values.dim() == 0:
+            raise ConfigurationError(
+                "gather_in_order needs one value per sample; got a 0-d tensor. HINT: reshape(1)."
+            )
+        return int(values.shape[0])
+    if isinstance(values, Sized) and isinstance(values, Iterable):
+        return len(values)
+    raise ConfigurationError(
+        f"gather_in_order takes a tensor or a sequence of values, got {type(values).__name__}."
+    )
+
+
+def _indices(count: int, sampler: Any, indices: Any) -> torch.Tensor:
+    if (sampler is None) == (indices is None):
+        raise ConfigurationError(
+            "gather_in_order needs exactly one of sampler= (the DistributedSampler that gave "
+            "this rank its samples) and indices= (each value's dataset index)."
+        )
+    if sampler is not None:
+        if not isinstance(sampler, DistributedSampler):
+            raise ConfigurationError(
+                f"sampler= must be a unidist.DistributedSampler, got {type(sampler).__name__}. "
+                "HINT: pass indices= (each value's dataset index) instead."
+            )
+        return torch.from_numpy(sampler.pass_indices(count))
+    own = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
+    if own.numel() != count:
+        raise ConfigurationError(
+            f"{count} values but {own.numel()} indices; give one dataset index per value."
+        )
+    return own
