@@ -29,12 +29,7 @@ def _train(checkpoint: str, resume: bool, workers: int) -> dict[str, Any]:
 
     gen = torch.Generator().manual_seed(0)
     dataset = TensorDataset(torch.arange(LENGTH), torch.randn(LENGTH, 3, generator=gen))
-    # Ranks of run_distributed inherit the fork-server start method, which would start each
-    # worker as a new interpreter (seconds); a launcher's ranks fork their workers.
-    context = "fork" if workers else None
-    loader = unidist.auto_dataloader(
-        dataset, batch_size=BATCH, num_workers=workers, seed=7, multiprocessing_context=context
-    )
+    loader = unidist.auto_dataloader(dataset, batch_size=BATCH, num_workers=workers, seed=7)
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(3, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
