@@ -98,6 +98,21 @@ def _check_one_rank_first() -> str:
     return "rank 0 first, then the others"
 
 
+def _check_sampler() -> str:
+    import unidist
+
+    rank, world = unidist.get_rank(), unidist.get_world_size()
+    train = unidist.DistributedSampler(1001, seed=3)
+    evaluation = unidist.DistributedSampler(1001, mode="eval", shuffle=False)
+    train_parts = unidist.all_gather_object(list(train))
+    eval_parts = unidist.all_gather_object(list(evaluation))
+    assert len({len(part) for part in train_parts}) == 1, "train shards differ in length"
+    assert set().union(*map(set, train_parts)) == set(range(1001)), "train shards miss samples"
+    assert sorted(i for part in eval_parts for i in part) == list(range(1001)), "eval not once"
+    assert len(eval_parts[rank]) in (1001 // world, 1001 // world + 1), "eval shard size"
+    return "train shards cover, eval shards exactly once"
+
+
 CHECKS: dict[str, Callable[[], str]] = {
     "all_reduce": _check_all_reduce,
     "all_gather": _check_all_gather,
@@ -106,6 +121,7 @@ CHECKS: dict[str, Callable[[], str]] = {
     "barrier": _check_barrier,
     "groups": _check_groups,
     "one_rank_first": _check_one_rank_first,
+    "sampler": _check_sampler,
 }
 
 
