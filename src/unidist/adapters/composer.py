@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from unidist import _env
 from unidist.adapters._rendezvous import rank_zero_store_closes_first
+from unidist.adapters.torch import gather
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -127,13 +128,8 @@ class ComposerAdapter:
 
         if group is None:
             return list(dist.all_gather(tensor))
-        import torch
-        import torch.distributed as tdist
-
         # Composer sizes the output by the global world size, which is wrong for a subgroup.
-        out = [torch.empty_like(tensor) for _ in range(tdist.get_world_size(group))]
-        tdist.all_gather(out, tensor, group=group)
-        return out
+        return gather(tensor, group)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any) -> torch.Tensor:
         from composer.utils import dist

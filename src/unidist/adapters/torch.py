@@ -16,7 +16,17 @@ if TYPE_CHECKING:
     from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
 
-__all__ = ["TorchAdapter", "init_method_for"]
+__all__ = ["TorchAdapter", "gather", "init_method_for"]
+
+
+def gather(tensor: torch.Tensor, group: Any) -> list[torch.Tensor]:
+    """``torch.distributed.all_gather`` into a list sized by ``group`` (the world for None)."""
+    import torch
+    import torch.distributed as dist
+
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, tensor, group=group)
+    return out
 
 
 def init_method_for(env: EnvReading) -> str:
@@ -110,12 +120,7 @@ class TorchAdapter:
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, group: Any) -> list[torch.Tensor]:
-        import torch
-        import torch.distributed as dist
-
-        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(out, tensor, group=group)
-        return out
+        return gather(tensor, group)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any) -> torch.Tensor:
         import torch.distributed as dist
