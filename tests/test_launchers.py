@@ -80,6 +80,7 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
             adapter,
         ],
         "composer": [str(BIN / "composer"), "-n", "2", SCRIPT, adapter],
+        "unidist": [sys.executable, "-m", "unidist", "launch", "-n", "2", SCRIPT, adapter],
         "ignite": [sys.executable, SCRIPT, adapter, "--ignite-parallel"],
     }
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -118,7 +119,7 @@ ONE_RANK = [
 
 
 @pytest.mark.parametrize("adapter", ["torch", "composer", "ignite"])
-@pytest.mark.parametrize("launcher", ["torchrun", "composer", "ignite", "slurm"])
+@pytest.mark.parametrize("launcher", ["torchrun", "composer", "ignite", "slurm", "unidist"])
 def test_two_process_launchers_agree(launcher: str, adapter: str) -> None:
     reports = launch(launcher, adapter)
     assert [{k: v for k, v in r.items() if k != "adapter"} for r in reports] == TWO_RANKS
