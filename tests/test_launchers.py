@@ -88,11 +88,13 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
         done = srun(adapter)
     else:
         done = subprocess.run(commands[kind], capture_output=True, text=True, env=env, timeout=240)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("TOPOLOGY ")]
+    # unidist launch prefixes each console line with "[rankN]: "
+    lines = [line.split("TOPOLOGY ", 1)[1] for line in done.stdout.splitlines()
+             if "TOPOLOGY " in line]
     details = f"{kind}/{adapter} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
     assert done.returncode == 0, details
     assert len(lines) == 1, details
-    return json.loads(lines[0].removeprefix("TOPOLOGY "))  # type: ignore[no-any-return]
+    return json.loads(lines[0])  # type: ignore[no-any-return]
 
 
 TWO_RANKS = [
