@@ -42,6 +42,10 @@ EXPECTED = {
     "rank_zero_only",
     "one_rank_only",
     "one_rank_first",
+    # microbatching
+    "MicroBatcher",
+    "SizePolicy",
+    "is_oom",
     # errors
     "UnidistError",
     "ConfigurationError",
@@ -51,6 +55,7 @@ EXPECTED = {
     "NotInitializedError",
     "DistributedTimeoutError",
     "RemoteError",
+    "MicrobatchOOMError",
     "__version__",
 }
 
@@ -74,6 +79,16 @@ def test_no_undeclared_public_names() -> None:
 
 
 def test_public_modules_declare_all() -> None:
-    for name in ("ranks", "collectives", "lifecycle", "errors", "config", "testing", "adapters"):
+    for name in (
+        "ranks",
+        "collectives",
+        "lifecycle",
+        "errors",
+        "config",
+        "testing",
+        "adapters",
+        "microbatch",
+        "testing.oom",
+    ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name

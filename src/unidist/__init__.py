@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from unidist._env import Topology
+from unidist._oom import is_oom
 from unidist._version import __version__
 from unidist.collectives import (
     Group,
@@ -29,6 +30,7 @@ from unidist.errors import (
     AdapterUnavailableError,
     ConfigurationError,
     DistributedTimeoutError,
+    MicrobatchOOMError,
     NotInitializedError,
     RemoteError,
     TopologyError,
@@ -44,6 +46,7 @@ from unidist.lifecycle import (
     is_initialized,
     use,
 )
+from unidist.microbatch import MicroBatcher, SizePolicy
 from unidist.ranks import (
     get_local_rank,
     get_local_world_size,
@@ -70,8 +73,11 @@ __all__ = [
     "ConfigurationError",
     "DistributedTimeoutError",
     "Group",
+    "MicroBatcher",
+    "MicrobatchOOMError",
     "NotInitializedError",
     "RemoteError",
+    "SizePolicy",
     "Topology",
     "TopologyError",
     "UnidistError",
@@ -97,6 +103,7 @@ __all__ = [
     "initialize",
     "is_initialized",
     "is_main_process",
+    "is_oom",
     "new_group",
     "one_rank_first",
     "one_rank_only",

@@ -8,7 +8,8 @@ UnidistError
 ├── AdapterUnavailableError (ImportError)  the adapter's framework is missing (has `pip_hint`)
 ├── NotInitializedError (RuntimeError)     several processes but no process group yet
 ├── DistributedTimeoutError (TimeoutError) a wait ran out of time; names what it waited for
-└── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
+├── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
+└── MicrobatchOOMError (RuntimeError)      out of memory even at the smallest microbatch size
 ```
 
 Adapters translate framework and ``torch.distributed`` failures into this tree at their
@@ -25,6 +26,7 @@ __all__ = [
     "AdapterUnavailableError",
     "ConfigurationError",
     "DistributedTimeoutError",
+    "MicrobatchOOMError",
     "NotInitializedError",
     "RemoteError",
     "TopologyError",
@@ -72,6 +74,14 @@ class DistributedTimeoutError(UnidistError, TimeoutError):
 
 class RemoteError(UnidistError, RuntimeError):
     """Another rank failed (raised, exited or was killed), so this rank cannot continue."""
+
+
+class MicrobatchOOMError(UnidistError, RuntimeError):
+    """A rank ran out of memory at the smallest allowed microbatch size; raised on every rank.
+
+    :func:`unidist.is_oom` does not count it as an out-of-memory error: it is the final verdict,
+    not something to retry.
+    """
 
 
 # Fragments of torch.distributed / gloo / NCCL messages, mapped to the error class they mean.
