@@ -45,7 +45,8 @@ def worst_relative(model: nn.Module, reference: nn.Module, grads: bool = False) 
     worst = 0.0
     for a, b in zip(model.parameters(), reference.parameters(), strict=True):
         left, right = (a.grad, b.grad) if grads else (a, b)
-        assert left is not None and right is not None
+        assert left is not None
+        assert right is not None
         worst = max(worst, ((left - right).abs().max() / right.abs().max()).item())
     return worst
 
@@ -88,9 +89,11 @@ def test_only_rank_1_runs_out_and_both_ranks_settle(during: str) -> None:
     assert results[0]["sizes"] == results[1]["sizes"] == [4, 4, 4]
     assert results[0]["history"] == results[1]["history"] == [(16, 8), (8, 4)]
     assert results[0]["retries"] == results[1]["retries"] == 2
-    assert results[0]["raised"] == 0 and results[1]["raised"] >= 2
+    assert results[0]["raised"] == 0
+    assert results[1]["raised"] >= 2
     for r in results:
-        assert r["grad_err"] < 1e-6 and r["param_err"] < 1e-6
+        assert r["grad_err"] < 1e-6
+        assert r["param_err"] < 1e-6
 
 
 def test_uneven_batches_match_ddp() -> None:
@@ -99,7 +102,8 @@ def test_uneven_batches_match_ddp() -> None:
     assert results[0]["sizes"] == results[1]["sizes"] == [3, 3]
     assert results[0]["history"] == [(13, 6), (6, 3)]
     for r in results:
-        assert r["grad_err"] < 1e-6 and r["param_err"] < 1e-6
+        assert r["grad_err"] < 1e-6
+        assert r["param_err"] < 1e-6
 
 
 def oom_at_minimum() -> dict:

@@ -89,6 +89,8 @@ def test_public_modules_declare_all() -> None:
         "adapters",
         "microbatch",
         "testing.oom",
+        "integrations.ignite",
+        "integrations.composer",
     ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name

@@ -104,6 +104,8 @@ class SizeTracker:
     _wait: int = 0
     _probe_from: int | None = None
     _ceiling: int = 0
+    #: Whether the step in progress had an OOM (then it is not a clean step).
+    _troubled: bool = False
 
     def __post_init__(self) -> None:
         self.size = self.policy.start
@@ -121,6 +123,7 @@ class SizeTracker:
             ConfigurationError: the policy returned an unusable size.
         """
         self._clean = 0
+        self._troubled = True
         if self.size is None:  # the first attempt ran at each rank's batch size
             self.size = max(v.size for v in votes.values())
         ooms = {rank: v for rank, v in sorted(votes.items()) if v.status == "oom"}
@@ -156,6 +159,7 @@ class SizeTracker:
     def succeeded(self, votes: dict[int, Vote]) -> None:
         """Record a step that every rank finished; maybe start probing a larger size."""
         self.steps += 1
+        troubled, self._troubled = self._troubled, False
         used = [v for v in votes.values() if v.total > 0]
         if not used:
             return
@@ -168,7 +172,7 @@ class SizeTracker:
             self.logger.info("microbatch size %d: the probe succeeded", self.size)
             self._probe_from = None
             self._wait = self.policy.grow_after or 0
-        if self.policy.grow_after is None or self.size >= self._ceiling:
+        if self.policy.grow_after is None or self.size >= self._ceiling or troubled:
             return
         self._clean += 1
         if self._clean >= self._wait:

@@ -150,6 +150,16 @@ class MicroBatcher:
         return self.tracker.size
 
     @property
+    def scaler(self) -> Any:
+        """The GradScaler the backward goes through (None without one)."""
+        return self._scaler
+
+    @property
+    def zero_grad(self) -> bool:
+        """Whether each step starts from no gradients."""
+        return self._zero_grad
+
+    @property
     def history(self) -> list[SizeChange]:
         """Every change of the size, with its step and reason."""
         return self.tracker.history
