@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
 from unidist import _state
-from unidist.errors import MicrobatchOOMError
+from unidist.errors import DistributedTimeoutError, MicrobatchOOMError
 from unidist.testing import OOMBudget, run_distributed
 
 pytestmark = pytest.mark.multiprocess
@@ -131,12 +131,18 @@ def test_oom_at_size_one_raises_everywhere() -> None:
         assert all(r["grads"])  # the partial gradients are gone
 
 
-def fail_on(rank: int) -> tuple[str, str]:
+def fail_on(rank: int, where: str = "loss") -> tuple[str, str]:
     model = DDP(make_model())
-    mb = unidist.MicroBatcher(model, timeout=20)
+
+    def size_fn(batch: Any) -> int:
+        if where == "size" and unidist.get_rank() == rank and mb.tracker.steps == 1:
+            raise ValueError("boom in the user's loss")
+        return len(batch[0])
+
+    mb = unidist.MicroBatcher(model, timeout=20, size_fn=size_fn)
 
     def loss_fn(b: Any) -> torch.Tensor:
-        if unidist.get_rank() == rank:
+        if where == "loss" and unidist.get_rank() == rank:
             raise ValueError("boom in the user's loss")
         return F.mse_loss(model(b[0]), b[1])
 
@@ -148,9 +154,9 @@ def fail_on(rank: int) -> tuple[str, str]:
     return "no error", ""
 
 
-@pytest.mark.parametrize("failing", [0, 1])
-def test_non_oom_error_on_one_rank_fails_the_other(failing: int) -> None:
-    results = run_distributed(fail_on, failing, timeout=60)
+@pytest.mark.parametrize(("failing", "where"), [(0, "loss"), (1, "loss"), (1, "size")])
+def test_non_oom_error_on_one_rank_fails_the_other(failing: int, where: str) -> None:
+    results = run_distributed(fail_on, failing, where, timeout=60)
     assert results[failing] == ("ValueError", "boom in the user's loss")
     kind, message = results[1 - failing]
     assert kind == "RemoteError"
@@ -161,7 +167,7 @@ def test_non_oom_error_on_one_rank_fails_the_other(failing: int) -> None:
 def abort_early() -> list[int]:
     """Rank 1 runs out at once; rank 0 waits for its flag, then must abandon its attempt."""
     model = DDP(make_model())
-    mb = unidist.MicroBatcher(model, policy=unidist.SizePolicy(start=4))
+    mb = unidist.MicroBatcher(model, policy=unidist.SizePolicy(start=4), abort_check_interval=0)
     plane = _state.session("test").plane
     assert plane is not None
     calls: list[int] = []
@@ -242,3 +248,21 @@ def test_without_control_plane_and_with_a_plain_module() -> None:
     for r in run_distributed(without_control_plane):
         assert r["size"] == 2
         assert r["grad_err"] < 1e-6
+
+
+def one_rank_never_comes() -> str:
+    model = DDP(make_model())
+    if unidist.get_rank() == 1:
+        return "skipped the step"
+    try:
+        unidist.MicroBatcher(model, timeout=2).step(data(0, 4), mse(model))
+    except DistributedTimeoutError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_rank_that_never_votes_times_out_by_name() -> None:
+    first, second = run_distributed(one_rank_never_comes)
+    assert "rank(s) [1] did not arrive within 2 s" in first
+    assert "MicroBatcher vote" in first
+    assert second == "skipped the step"

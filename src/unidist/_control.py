@@ -93,10 +93,8 @@ class ControlPlane:
             self._store.set(mine, pickle.dumps(value))
         keys = [f"{base}/{count}/{rank}" for rank in wait_for]
         self._wait(keys, seconds, what, wait_for)
-        values = {
-            rank: pickle.loads(self._store.get(key))
-            for rank, key in zip(wait_for, keys, strict=True)
-        }
+        raw = self._store.multi_get(keys) if keys else []  # one round trip for every rank
+        values = {rank: pickle.loads(data) for rank, data in zip(wait_for, raw, strict=True)}
         self._forget_published(tuple(members), mine if publish else None, set(wait_for))
         return values
 

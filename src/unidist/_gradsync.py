@@ -97,6 +97,39 @@ class ModelView:
         """(buffer, copy) pairs, to undo what a failed attempt's forwards did to them."""
         return [(b, b.detach().clone()) for b in self.model.buffers()]
 
+    def restore_buffers(self, snapshot: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy :meth:`snapshot_buffers`'s copies back."""
+        import torch
+
+        with torch.no_grad():
+            for buffer, copy in snapshot:
+                buffer.copy_(copy)
+
+    def take_grads(self, keep: bool) -> list[torch.Tensor | None] | None:
+        """Clear every ``.grad`` for the step; with ``keep``, return them to add back later.
+
+        Nothing is copied: the tensors are only set aside.
+        """
+        saved = [p.grad for p in self.params] if keep else None
+        self.drop_grads()
+        return saved
+
+    def give_back_grads(self, saved: list[torch.Tensor | None] | None) -> None:
+        """Add the gradients :meth:`take_grads` set aside to the current ones."""
+        if saved is None:
+            return
+        for p, old in zip(self.params, saved, strict=True):
+            if old is None:
+                continue
+            if p.grad is not None:
+                old.add_(p.grad)
+            p.grad = old
+
+    def drop_grads(self) -> None:
+        """Set every gradient to None (the partial gradients of a failed attempt)."""
+        for p in self.params:
+            p.grad = None
+
 
 def inspect_model(model: object) -> ModelView:
     """Check that ``model`` is something the microbatcher supports, and describe it.

@@ -1,4 +1,4 @@
-"""Splitting a batch into microbatches along dim 0, and counting its samples.
+"""Splitting a batch into microbatches along dim 0, counting its samples, reading results.
 
 A batch is a tensor, or a tuple, list (including namedtuples) or mapping of them, nested in any
 way. Every tensor is split along dim 0 into views (no copy); a list of plain values (strings,
@@ -13,7 +13,7 @@ from typing import Any
 
 from unidist.errors import ConfigurationError
 
-__all__ = ["batch_size", "split_batch"]
+__all__ = ["batch_size", "detached", "split_batch", "unpack_loss"]
 
 _HINT = "HINT: pass split_fn= and size_fn= to MicroBatcher for other batch types."
 
@@ -121,3 +121,32 @@ def _slice(batch: Any, start: int, stop: int, total: int) -> Any:
         if len(batch) == total:  # one plain value per sample (e.g. ids, strings)
             return batch[start:stop]
     return batch  # anything else (a scalar, None, a string) belongs to every microbatch
+
+
+def unpack_loss(result: Any) -> tuple[Any, Any]:
+    """(loss, output) from what a microbatch's loss function returned: a loss or a pair.
+
+    Raises:
+        ConfigurationError: the loss is not a one-element tensor.
+    """
+    import torch
+
+    loss, output = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ConfigurationError(
+            f"loss_fn must return the loss of its microbatch as a one-element tensor (or a "
+            f"(loss, output) pair), got {got}. HINT: reduce the loss with .mean() or .sum()."
+        )
+    return (loss if loss.dim() == 0 else loss.reshape(())), output
+
+
+def detached(output: Any) -> Any:
+    """``output`` with every tensor in it detached (tuples, lists and dicts followed)."""
+    if _is_tensor(output):
+        return output.detach()
+    if isinstance(output, tuple | list):
+        return type(output)(detached(o) for o in output)
+    if isinstance(output, dict):
+        return {k: detached(v) for k, v in output.items()}
+    return output

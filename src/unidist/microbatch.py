@@ -11,7 +11,8 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
 1. Every microbatch runs under DDP's ``no_sync()``: nothing inside an attempt is a collective,
    so a rank that fails anywhere (forward or backward) cannot leave another stuck in one.
 2. A rank that fails raises a flag on unidist's control store; the others look at it between
-   microbatches (one store round trip) and abort their attempt early. Nothing waits there.
+   microbatches (one store round trip, at most every ``abort_check_interval`` seconds) and
+   abandon their attempt early. Nothing waits there.
 3. At the end of the attempt every rank publishes ``ok``/``oom``/``aborted``/``error`` through
    the control store (``session.plane``, not the device or NCCL; without one, over the gloo
    control group) and reads everyone's. Identical inputs give identical decisions everywhere.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -36,7 +38,7 @@ from unidist import _state, collectives
 from unidist._gradsync import GradientAverager, inspect_model
 from unidist._microbatch_policy import SizeChange, SizePolicy, SizeTracker, Vote
 from unidist._oom import free_memory, is_oom
-from unidist._split import batch_size, split_batch
+from unidist._split import batch_size, detached, split_batch, unpack_loss
 from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:
@@ -89,8 +91,10 @@ class MicroBatcher:
         scaler: a ``torch.amp.GradScaler``; backward runs on ``scaler.scale(loss)``.
         bucket_cap_mb: size of the gradient-averaging buckets.
         timeout: seconds a vote waits for the other ranks (default: the session's timeout).
-        abort_early: let ranks abandon an attempt as soon as another rank failed (one store
-            lookup per microbatch); otherwise they finish it before voting.
+        abort_check_interval: seconds between looks (one store lookup, between microbatches) at
+            whether another rank failed, so that healthy ranks abandon the attempt early; 0
+            looks before every microbatch, None never looks (ranks finish the attempt, then
+            vote).
 
     Example:
         >>> mb = unidist.MicroBatcher(model)            # doctest: +SKIP
@@ -113,11 +117,15 @@ class MicroBatcher:
         scaler: Any = None,
         bucket_cap_mb: float = 25.0,
         timeout: float | timedelta | None = None,
-        abort_early: bool = True,
+        abort_check_interval: float | None = 0.05,
     ) -> None:
         self._view = inspect_model(model)
         if reduction not in ("mean", "sum"):
             raise ConfigurationError(f"reduction={reduction!r}; expected 'mean' or 'sum'.")
+        if abort_check_interval is not None and not abort_check_interval >= 0:
+            raise ConfigurationError(
+                f"abort_check_interval={abort_check_interval!r} must be None or seconds >= 0."
+            )
         if not bucket_cap_mb > 0:
             raise ConfigurationError(f"bucket_cap_mb={bucket_cap_mb!r} must be positive.")
         if sync_gradients is False and self._view.ddp is not None:
@@ -135,7 +143,8 @@ class MicroBatcher:
         self._scaler = scaler
         self._bucket_bytes = int(bucket_cap_mb * 2**20)
         self._timeout = timeout
-        self._abort_early = abort_early
+        self._check_interval = abort_check_interval
+        self._last_check = 0.0
         self._averager: GradientAverager | None = None
         self._id = next(_instances)
         self._attempts = 0
@@ -196,24 +205,20 @@ class MicroBatcher:
             DistributedTimeoutError: another rank did not reach the vote within the timeout.
         """
         link = self._link()
-        total = self._size_fn(batch)
         self._view.broadcast_buffers()
         snapshot = self._view.snapshot_buffers() if self._restore_buffers else []
-        stashed = self._stash_grads()
-        failures = 0
-        with self._view.buffer_sync_off():
-            while True:
-                attempt = self._attempt(batch, loss_fn, self.tracker.effective(total), total, link)
-                votes = self._vote(attempt, link)
-                if all(v.status == "ok" for v in votes.values()):
-                    break
-                failures += 1
-                self._recover(snapshot)
-                self._settle_failure(votes, attempt, failures, stashed, link)
-        if self._averager is not None:
-            missing = [set(v.missing) for v in votes.values()]
-            self._averager.reduce(set.intersection(*missing))
-        self._unstash(stashed)
+        stashed = self._view.take_grads(keep=not self._zero_grad)
+        try:
+            with self._view.buffer_sync_off():
+                votes, attempt = self._agree(batch, loss_fn, link, snapshot)
+            if self._averager is not None:
+                missing = [set(v.missing) for v in votes.values()]
+                self._averager.reduce(set.intersection(*missing))
+        except BaseException:  # leave gradients and buffers as they were before the step
+            self._recover(snapshot, free=False)
+            self._view.give_back_grads(stashed)
+            raise
+        self._view.give_back_grads(stashed)
         self.tracker.succeeded(votes)
         if attempt.loss is None:
             import torch
@@ -221,16 +226,37 @@ class MicroBatcher:
             return torch.zeros(())
         return attempt.loss
 
+    def _agree(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], Any],
+        link: Session,
+        snapshot: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[dict[int, Vote], _Attempt]:
+        """Attempt and vote until every rank has run the whole batch (or raise everywhere)."""
+        failures = 0
+        while True:
+            attempt = self._attempt(batch, loss_fn, link)
+            votes = self._vote(attempt, link)
+            if all(v.status == "ok" for v in votes.values()):
+                return votes, attempt
+            failures += 1
+            self._recover(snapshot, free=any(v.status == "oom" for v in votes.values()))
+            self._settle_failure(votes, attempt, failures, link)
+
     # -- one attempt -----------------------------------------------------------------------
 
-    def _attempt(
-        self, batch: Any, loss_fn: Callable[[Any], Any], size: int, total: int, link: Session
-    ) -> _Attempt:
+    def _attempt(self, batch: Any, loss_fn: Callable[[Any], Any], link: Session) -> _Attempt:
         self._attempts += 1
         flag = f"microbatch/{self._id}/{self._attempts}"
+        self._last_check = time.monotonic()
         self.outputs = []
-        self._where = "splitting the batch"
+        self._where = "counting the samples of the batch"
+        size = total = 0
         try:
+            total = self._size_fn(batch)
+            size = self.tracker.effective(total)
+            self._where = "splitting the batch"
             loss = self._run(batch, loss_fn, size, total, link, flag)
             missing: tuple[int, ...] = ()
             if self._averager is not None:
@@ -259,24 +285,26 @@ class MicroBatcher:
     ) -> torch.Tensor | None:
         parts = list(self._split_fn(batch, size)) if total else []
         weights = self._weights(parts, total)
-        loss_sum = None
+        losses = []  # weighted and detached; summed once at the end (fewer tiny kernels)
         for index, (part, weight) in enumerate(zip(parts, weights, strict=True)):
             if index and self._peer_failed(link, flag):
                 raise _PeerFailed
             where = f"microbatch {index + 1}/{len(parts)} (size {size})"
             self._where = f"the forward of {where}"
             with self._view.no_sync():
-                loss, output = _unpack(loss_fn(part))
+                loss, output = unpack_loss(loss_fn(part))
                 self._where = f"the backward of {where}"
-                scaled = loss * weight if weight != 1.0 else loss
-                if self._scaler is not None:
-                    scaled = self._scaler.scale(scaled)
-                scaled.backward()  # type: ignore[no-untyped-call]
-            value = loss.detach() * weight
-            loss_sum = value if loss_sum is None else loss_sum + value
+                weighted = loss * weight if weight != 1.0 else loss
+                scaled = self._scaler.scale(weighted) if self._scaler is not None else weighted
+                scaled.backward()
+            losses.append(weighted.detach())
             if output is not None:
-                self.outputs.append(_detach(output))
-        return loss_sum
+                self.outputs.append(detached(output))
+        if not losses:
+            return None
+        import torch
+
+        return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
 
     def _weights(self, parts: list[Any], total: int) -> list[float]:
         sizes = [self._size_fn(part) for part in parts]
@@ -291,8 +319,12 @@ class MicroBatcher:
         return [n / total for n in sizes]
 
     def _peer_failed(self, link: Session, flag: str) -> bool:
-        if not self._abort_early or link.plane is None or link.topology.world_size == 1:
+        if self._check_interval is None or link.plane is None or link.topology.world_size == 1:
             return False
+        now = time.monotonic()
+        if now - self._last_check < self._check_interval:
+            return False  # a store round trip per short microbatch would cost more than it saves
+        self._last_check = now
         return link.plane.flag_is_raised(flag)
 
     def _raise_flag(self, link: Session, flag: str) -> bool:
@@ -323,13 +355,9 @@ class MicroBatcher:
         return {rank: vote for rank, vote in votes.items() if isinstance(vote, Vote)}
 
     def _settle_failure(
-        self,
-        votes: dict[int, Vote],
-        attempt: _Attempt,
-        failures: int,
-        stashed: list[torch.Tensor | None] | None,
-        link: Session,
+        self, votes: dict[int, Vote], attempt: _Attempt, failures: int, link: Session
     ) -> None:
+        """Shrink for the retry, or raise on every rank (after they all read the votes)."""
         errors = {rank: v for rank, v in sorted(votes.items()) if v.status == "error"}
         terminal: BaseException
         if errors:
@@ -345,18 +373,22 @@ class MicroBatcher:
                 return
             except BaseException as exc:
                 terminal = exc
-        self._give_up(stashed, link)
+        self._acknowledge(link)
         raise terminal
 
-    def _give_up(self, stashed: list[torch.Tensor | None] | None, link: Session) -> None:
-        """Leave the gradients as they were before the step and wait for the others to read."""
-        self._unstash(stashed)
-        if link.topology.world_size > 1:
-            seconds = _ACK_SECONDS
-            if self._timeout is not None:
-                seconds = min(seconds, _seconds(self._timeout))
-            with contextlib.suppress(Exception):
-                collectives.timed_barrier(link, None, seconds, "MicroBatcher: acknowledging")
+    def _acknowledge(self, link: Session) -> None:
+        """Wait (briefly) until every rank has read the fatal votes.
+
+        Rank 0 hosts the store: if it raised and exited at once, a rank still reading the
+        votes would see the store vanish instead of the reason.
+        """
+        if link.topology.world_size == 1:
+            return
+        seconds = _ACK_SECONDS
+        if self._timeout is not None:
+            seconds = min(seconds, _seconds(self._timeout))
+        with contextlib.suppress(Exception):
+            collectives.timed_barrier(link, None, seconds, "MicroBatcher: acknowledging")
 
     # -- gradients and memory --------------------------------------------------------------
 
@@ -379,58 +411,15 @@ class MicroBatcher:
             return None
         return GradientAverager(self._view.reduced_params(), group, world, self._bucket_bytes)
 
-    def _stash_grads(self) -> list[torch.Tensor | None] | None:
-        saved = None if self._zero_grad else [p.grad for p in self._view.params]
-        for p in self._view.params:
-            p.grad = None
-        return saved
-
-    def _unstash(self, saved: list[torch.Tensor | None] | None) -> None:
-        if saved is None:
-            return
-        for p, old in zip(self._view.params, saved, strict=True):
-            if old is None:
-                continue
-            if p.grad is not None:
-                old.add_(p.grad)
-            p.grad = old
-
-    def _recover(self, snapshot: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Drop the partial gradients and outputs, restore buffers, return cached memory."""
-        import torch
-
-        for p in self._view.params:
-            p.grad = None
+    def _recover(self, snapshot: list[tuple[torch.Tensor, torch.Tensor]], free: bool) -> None:
+        """Drop the partial gradients and outputs, restore buffers; after an OOM, also collect
+        garbage and return cached device memory (a full collection takes a fraction of a
+        second with large frameworks imported, so not for other failures)."""
         self.outputs = []
-        with torch.no_grad():
-            for buffer, copy in snapshot:
-                buffer.copy_(copy)
-        free_memory(self._view.device_types)
-
-
-def _unpack(result: Any) -> tuple[torch.Tensor, Any]:
-    import torch
-
-    loss, output = result if isinstance(result, tuple) and len(result) == 2 else (result, None)
-    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-        got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-        raise ConfigurationError(
-            f"loss_fn must return the loss of its microbatch as a one-element tensor (or a "
-            f"(loss, output) pair), got {got}. HINT: reduce the loss with .mean() or .sum()."
-        )
-    return loss.reshape(()), output
-
-
-def _detach(output: Any) -> Any:
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output.detach()
-    if isinstance(output, tuple | list):
-        return type(output)(_detach(o) for o in output)
-    if isinstance(output, dict):
-        return {k: _detach(v) for k, v in output.items()}
-    return output
+        self._view.drop_grads()
+        self._view.restore_buffers(snapshot)
+        if free:
+            free_memory(self._view.device_types)
 
 
 def _seconds(timeout: float | timedelta) -> float:
