@@ -52,15 +52,20 @@ def worst_relative(model: nn.Module, reference: nn.Module, grads: bool = False) 
 
 
 def train_against_ddp(during: str, batch: int, budget: int, steps: int, uneven: bool) -> dict:
-    """DDP + MicroBatcher (rank 1 has a budget) next to plain full-batch DDP, step by step."""
+    """DDP + MicroBatcher (rank 1 has a budget) next to plain full-batch DDP, step by step.
+
+    With ``uneven``, rank 1 has 3 more samples, and the DDP wrapper sits inside a container
+    (as with torch.compile), where MicroBatcher must still find it.
+    """
     n = batch + (3 * unidist.get_rank() if uneven else 0)
-    model, reference = DDP(make_model()), DDP(make_model())
+    ddp = DDP(make_model())
+    model, reference = (nn.Sequential(ddp) if uneven else ddp), DDP(make_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     mb = unidist.MicroBatcher(model)
     oom = OOMBudget({1: budget}, during=during)  # type: ignore[arg-type]
     sizes, grad_err, param_err = [], 0.0, 0.0
-    with oom.attach(model.module):
+    with oom.attach(ddp.module):
         for step in range(steps):
             x, y = data(step, n)
             loss = mb.step((x, y), mse(model))
@@ -266,3 +271,23 @@ def test_a_rank_that_never_votes_times_out_by_name() -> None:
     assert "rank(s) [1] did not arrive within 2 s" in first
     assert "MicroBatcher vote" in first
     assert second == "skipped the step"
+
+
+def store_keys_over_steps() -> list[int]:
+    model = DDP(make_model())
+    mb = unidist.MicroBatcher(model)
+    plane = _state.session("test").plane
+    assert plane is not None
+    counts = []
+    with OOMBudget({1: 3}).attach(model.module):
+        for step in range(30):
+            mb.step(data(step, 8), mse(model))
+            if step in (5, 29):
+                unidist.barrier()
+                counts.append(plane._store.num_keys())
+    return counts
+
+
+def test_votes_and_flags_do_not_grow_the_store() -> None:
+    for early, late in run_distributed(store_keys_over_steps):
+        assert late <= early  # 24 more votes (and 2 x 24 keys without the clean-up)

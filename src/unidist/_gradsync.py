@@ -151,8 +151,14 @@ def inspect_model(model: object) -> ModelView:
             "leaves the others stuck in a collective. HINT: use a fixed microbatch size with "
             "FSDP, or DistributedDataParallel."
         )
-    ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
-    return ModelView(model, ddp)
+    # The DDP wrapper may itself be wrapped (torch.compile's OptimizedModule, a user container).
+    found = [m for m in model.modules() if isinstance(m, torch.nn.parallel.DistributedDataParallel)]
+    if len(found) > 1:
+        raise ConfigurationError(
+            f"the model holds {len(found)} DistributedDataParallel wrappers; MicroBatcher "
+            "manages one. HINT: wrap the whole model in a single DDP."
+        )
+    return ModelView(model, found[0] if found else None)
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:

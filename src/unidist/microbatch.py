@@ -270,7 +270,8 @@ class MicroBatcher:
             reason = is_oom(exc)
             flagged = self._raise_flag(link, flag)
             if reason is not None:  # drop the exception: its frames hold the activations
-                return _Attempt(Vote("oom", size, total, f"{reason}, in {self._where}"), None)
+                oom = Vote("oom", size, total, f"{reason}, in {self._where}")
+                return _Attempt(oom, flagged=flagged)
             detail = f"{type(exc).__name__}: {exc} (in {self._where})"[:_DETAIL_CHARS]
             return _Attempt(Vote("error", size, total, detail), None, exc, flagged)
 
