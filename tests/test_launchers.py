@@ -89,8 +89,9 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
     else:
         done = subprocess.run(commands[kind], capture_output=True, text=True, env=env, timeout=240)
     # unidist launch prefixes each console line with "[rankN]: "
-    lines = [line.split("TOPOLOGY ", 1)[1] for line in done.stdout.splitlines()
-             if "TOPOLOGY " in line]
+    lines = [
+        line.split("TOPOLOGY ", 1)[1] for line in done.stdout.splitlines() if "TOPOLOGY " in line
+    ]
     details = f"{kind}/{adapter} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
     assert done.returncode == 0, details
     assert len(lines) == 1, details

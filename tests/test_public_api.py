@@ -62,6 +62,10 @@ EXPECTED = {
     "shard_iterable",
     "ShardedIterable",
     "gather_in_order",
+    # microbatching
+    "MicroBatcher",
+    "SizePolicy",
+    "is_oom",
     # errors
     "UnidistError",
     "ConfigurationError",
@@ -74,6 +78,7 @@ EXPECTED = {
     "NotInitializedError",
     "DistributedTimeoutError",
     "RemoteError",
+    "MicrobatchOOMError",
     "__version__",
 }
 
@@ -113,6 +118,10 @@ def test_public_modules_declare_all() -> None:
         "samplers",
         "data",
         "streams",
+        "microbatch",
+        "testing.oom",
+        "integrations.ignite",
+        "integrations.composer",
     ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from unidist._env import Topology
+from unidist._oom import is_oom
 from unidist._version import __version__
 from unidist.collectives import (
     Group,
@@ -31,6 +32,7 @@ from unidist.errors import (
     DeviceUnavailableError,
     DistributedTimeoutError,
     LaunchError,
+    MicrobatchOOMError,
     NotInitializedError,
     RemoteError,
     TopologyError,
@@ -46,6 +48,7 @@ from unidist.lifecycle import (
     is_initialized,
     use,
 )
+from unidist.microbatch import MicroBatcher, SizePolicy
 from unidist.parallel import (
     DDPConfig,
     FSDP2Config,
@@ -107,10 +110,13 @@ __all__ = [
     "FSDPConfig",
     "Group",
     "LaunchError",
+    "MicroBatcher",
+    "MicrobatchOOMError",
     "NotInitializedError",
     "ParallelismConfig",
     "RemoteError",
     "ShardedIterable",
+    "SizePolicy",
     "StatefulDataLoader",
     "TPConfig",
     "Topology",
@@ -145,6 +151,7 @@ __all__ = [
     "initialize",
     "is_initialized",
     "is_main_process",
+    "is_oom",
     "new_group",
     "one_rank_first",
     "one_rank_only",

@@ -28,6 +28,8 @@ class ControlPlane:
         self._store = store
         self._rank = rank
         self._counters: dict[tuple[str, tuple[int, ...]], int] = {}
+        #: Keys this rank published in exchanges that others may still read, per group.
+        self._published: dict[tuple[int, ...], list[str]] = {}
 
     @classmethod
     def start(
@@ -86,14 +88,45 @@ class ControlPlane:
             rank -> the value that rank published, for every rank in ``wait_for``.
         """
         base, count = self._next("exchange", members)
+        mine = f"{base}/{count}/{self._rank}"
         if publish:
-            self._store.set(f"{base}/{count}/{self._rank}", pickle.dumps(value))
+            self._store.set(mine, pickle.dumps(value))
         keys = [f"{base}/{count}/{rank}" for rank in wait_for]
         self._wait(keys, seconds, what, wait_for)
-        return {
-            rank: pickle.loads(self._store.get(key))
-            for rank, key in zip(wait_for, keys, strict=True)
-        }
+        raw = self._store.multi_get(keys) if keys else []  # one round trip for every rank
+        values = {rank: pickle.loads(data) for rank, data in zip(wait_for, raw, strict=True)}
+        self._forget_published(tuple(members), mine if publish else None, set(wait_for))
+        return values
+
+    def _forget_published(
+        self, members: tuple[int, ...], mine: str | None, heard: set[int]
+    ) -> None:
+        """Delete this rank's keys of earlier exchanges once nobody can still read them.
+
+        After an exchange in which every member published and this rank heard from all of them,
+        every member has finished all earlier exchanges of the group (reads included), so this
+        rank's earlier keys are dead. Without this, a vote per training step would grow the store
+        by one key per rank per step.
+        """
+        stale = self._published.setdefault(members, [])
+        if mine is not None and heard >= set(members):
+            for key in stale:
+                self._store.delete_key(key)
+            stale.clear()
+        if mine is not None:
+            stale.append(mine)
+
+    def raise_flag(self, name: str) -> None:
+        """Set the flag ``name`` (visible to every rank at once; it never waits)."""
+        self._store.set(f"{_PREFIX}/flag/{name}", b"1")
+
+    def flag_is_raised(self, name: str) -> bool:
+        """Whether some rank raised the flag ``name`` (one store round trip; never waits)."""
+        return bool(self._store.check([f"{_PREFIX}/flag/{name}"]))
+
+    def lower_flag(self, name: str) -> None:
+        """Delete the flag ``name`` (call it once no rank can still be looking at it)."""
+        self._store.delete_key(f"{_PREFIX}/flag/{name}")
 
     def _wait(self, keys: list[str], seconds: float, what: str, ranks: Sequence[int]) -> None:
         try:

@@ -10,7 +10,8 @@ UnidistError
 ├── NotInitializedError (RuntimeError)     several processes but no process group yet
 ├── DistributedTimeoutError (TimeoutError) a wait ran out of time; names what it waited for
 ├── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
-└── LaunchError (RuntimeError)             a launched job failed; names the culprit rank
+├── LaunchError (RuntimeError)             a launched job failed; names the culprit rank
+└── MicrobatchOOMError (RuntimeError)      out of memory even at the smallest microbatch size
 ```
 
 Adapters translate framework and ``torch.distributed`` failures into this tree at their
@@ -29,6 +30,7 @@ __all__ = [
     "DeviceUnavailableError",
     "DistributedTimeoutError",
     "LaunchError",
+    "MicrobatchOOMError",
     "NotInitializedError",
     "RemoteError",
     "TopologyError",
@@ -106,6 +108,14 @@ class LaunchError(UnidistError, RuntimeError):
         self.report = report
         self.exit_code = exit_code
         self.culprit = culprit
+
+
+class MicrobatchOOMError(UnidistError, RuntimeError):
+    """A rank ran out of memory at the smallest allowed microbatch size; raised on every rank.
+
+    :func:`unidist.is_oom` does not count it as an out-of-memory error: it is the final verdict,
+    not something to retry.
+    """
 
 
 # Fragments of torch.distributed / gloo / NCCL messages, mapped to the error class they mean.

@@ -81,6 +81,13 @@ def test_smoke_passes_on_two_ranks() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "smoke check PASSED on 2 rank(s)" in done.stdout
-    for check in ("all_reduce", "all_gather", "objects", "broadcast", "barrier", "groups",
-                  "sampler"):
+    for check in (
+        "all_reduce",
+        "all_gather",
+        "objects",
+        "broadcast",
+        "barrier",
+        "groups",
+        "sampler",
+    ):
         assert f"{check} " in done.stdout

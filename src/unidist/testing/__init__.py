@@ -5,6 +5,8 @@
 * :func:`check_adapter` runs every clause of the adapter contract against an adapter over real
   processes, for adapter authors: ``unidist.testing.check_adapter("mypkg.adapter:MyAdapter")``.
 * :func:`requires` builds one pytest skip marker whose reason lists everything missing.
+* :class:`OOMBudget` raises simulated out-of-memory errors above a per-rank sample budget, to
+  test microbatching on CPU.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from typing import Any
 
 from unidist.testing._spawn import DistributedTestError, DistributedTestTimeout, run_distributed
 from unidist.testing.conformance import CLAUSES, ConformanceError
+from unidist.testing.oom import OOMBudget
 
 __all__ = [
     "CLAUSES",
     "ConformanceError",
     "DistributedTestError",
     "DistributedTestTimeout",
+    "OOMBudget",
     "check_adapter",
     "requires",
     "run_distributed",

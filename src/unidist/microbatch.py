@@ -1,0 +1,427 @@
+"""Automatic microbatching in any training loop, agreed by all ranks.
+
+:class:`MicroBatcher` takes the whole per-rank batch and a function that computes the loss of one
+microbatch. It splits the batch, runs forward and backward per microbatch with the loss scaled
+so that the accumulated gradient is the full-batch gradient, and returns the batch loss; the
+optimizer step stays yours. When any rank runs out of memory, every rank drops the batch's
+partial gradients, frees cached memory, shrinks the microbatch and retries the same batch.
+
+How the ranks agree (one vote per attempt, at a point every rank reaches):
+
+1. Every microbatch runs under DDP's ``no_sync()``: nothing inside an attempt is a collective,
+   so a rank that fails anywhere (forward or backward) cannot leave another stuck in one.
+2. A rank that fails raises a flag on unidist's control store; the others look at it between
+   microbatches (one store round trip, at most every ``abort_check_interval`` seconds) and
+   abandon their attempt early. Nothing waits there.
+3. At the end of the attempt every rank publishes ``ok``/``oom``/``aborted``/``error`` through
+   the control store (``session.plane``, not the device or NCCL; without one, over the gloo
+   control group) and reads everyone's. Identical inputs give identical decisions everywhere.
+4. All ``ok``: gradients are averaged by hand over DDP's group (see :mod:`unidist._gradsync`).
+   Any ``error``: that rank re-raises its error, the others raise :class:`~unidist.RemoteError`
+   naming it. Otherwise: shrink (or raise :class:`~unidist.MicrobatchOOMError` at the minimum
+   size) and retry the same batch; buffers (BatchNorm statistics) are restored first, so no
+   sample is counted twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from unidist import _state, collectives
+from unidist._gradsync import GradientAverager, inspect_model
+from unidist._microbatch_policy import SizeChange, SizePolicy, SizeTracker, Vote
+from unidist._oom import free_memory, is_oom
+from unidist._split import batch_size, detached, split_batch, unpack_loss
+from unidist.errors import ConfigurationError, RemoteError
+
+if TYPE_CHECKING:
+    import torch
+
+    from unidist._state import Session
+
+__all__ = ["MicroBatcher", "SizeChange", "SizePolicy", "batch_size", "is_oom", "split_batch"]
+
+logger = logging.getLogger("unidist.microbatch")
+
+#: Distinguishes the flags of several microbatchers (created in the same order on every rank).
+_instances = itertools.count()
+#: Longest error text sent to the other ranks.
+_DETAIL_CHARS = 2000
+#: Seconds ranks wait for each other after a fatal vote, so rank 0's store outlives the reads.
+_ACK_SECONDS = 30.0
+
+
+class _PeerFailed(Exception):
+    """Another rank raised the abort flag of this attempt."""
+
+
+@dataclass
+class _Attempt:
+    vote: Vote
+    loss: torch.Tensor | None = None
+    error: BaseException | None = None
+    flagged: bool = False
+
+
+class MicroBatcher:
+    """Runs a batch as microbatches that fit in memory; all ranks agree on the size.
+
+    Args:
+        model: the module ``loss_fn`` calls (the ``DistributedDataParallel`` wrapper if any).
+        policy: start, minimum, shrinking and growing of the size (default: :class:`SizePolicy`,
+            which starts at the batch size and halves).
+        split_fn: ``split_fn(batch, size) -> microbatches``; default :func:`split_batch`
+            (tensors, and tuples, lists and dicts of them, along dim 0).
+        size_fn: samples in a batch or microbatch; default :func:`batch_size` (dim 0).
+        reduction: ``"mean"`` when ``loss_fn`` returns the mean over its microbatch (each loss
+            is weighted by its share of the batch), ``"sum"`` when it returns a sum.
+        zero_grad: start every step from no gradients (like ``optimizer.zero_grad()``). With
+            False the existing gradients are set aside and the batch's are added on success,
+            for accumulation across steps.
+        sync_gradients: average gradients over the ranks after a successful batch. None: for a
+            DDP model (whose own synchronisation is switched off) and not for a plain module.
+        restore_buffers: undo what a failed attempt did to the module's buffers.
+        scaler: a ``torch.amp.GradScaler``; backward runs on ``scaler.scale(loss)``.
+        bucket_cap_mb: size of the gradient-averaging buckets.
+        timeout: seconds a vote waits for the other ranks (default: the session's timeout).
+        abort_check_interval: seconds between looks (one store lookup, between microbatches) at
+            whether another rank failed, so that healthy ranks abandon the attempt early; 0
+            looks before every microbatch, None never looks (ranks finish the attempt, then
+            vote).
+
+    Example:
+        >>> mb = unidist.MicroBatcher(model)            # doctest: +SKIP
+        >>> for x, y in loader:                         # doctest: +SKIP
+        ...     loss = mb.step((x, y), lambda b: F.cross_entropy(model(b[0]), b[1]))
+        ...     optimizer.step()
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        policy: SizePolicy | None = None,
+        split_fn: Callable[[Any, int], Sequence[Any]] | None = None,
+        size_fn: Callable[[Any], int] | None = None,
+        reduction: Literal["mean", "sum"] = "mean",
+        zero_grad: bool = True,
+        sync_gradients: bool | None = None,
+        restore_buffers: bool = True,
+        scaler: Any = None,
+        bucket_cap_mb: float = 25.0,
+        timeout: float | timedelta | None = None,
+        abort_check_interval: float | None = 0.05,
+    ) -> None:
+        self._view = inspect_model(model)
+        if reduction not in ("mean", "sum"):
+            raise ConfigurationError(f"reduction={reduction!r}; expected 'mean' or 'sum'.")
+        if abort_check_interval is not None and not abort_check_interval >= 0:
+            raise ConfigurationError(
+                f"abort_check_interval={abort_check_interval!r} must be None or seconds >= 0."
+            )
+        if not bucket_cap_mb > 0:
+            raise ConfigurationError(f"bucket_cap_mb={bucket_cap_mb!r} must be positive.")
+        if sync_gradients is False and self._view.ddp is not None:
+            logger.warning(
+                "sync_gradients=False with a DistributedDataParallel model: gradients will not "
+                "be averaged over the ranks; average them yourself before optimizer.step()."
+            )
+        self.tracker = SizeTracker(policy or SizePolicy(), logger)
+        self._split_fn = split_fn or split_batch
+        self._size_fn = size_fn or batch_size
+        self._reduction = reduction
+        self._zero_grad = zero_grad
+        self._sync = self._view.ddp is not None if sync_gradients is None else sync_gradients
+        self._restore_buffers = restore_buffers
+        self._scaler = scaler
+        self._bucket_bytes = int(bucket_cap_mb * 2**20)
+        self._timeout = timeout
+        self._check_interval = abort_check_interval
+        self._last_check = 0.0
+        self._averager: GradientAverager | None = None
+        self._id = next(_instances)
+        self._attempts = 0
+        self._where = ""
+        #: Outputs of the last successful step, one per microbatch, when ``loss_fn`` returned
+        #: ``(loss, output)`` pairs (detached).
+        self.outputs: list[Any] = []
+
+    @property
+    def size(self) -> int | None:
+        """The current microbatch size; None before the first step (without a start size)."""
+        return self.tracker.size
+
+    @property
+    def scaler(self) -> Any:
+        """The GradScaler the backward goes through (None without one)."""
+        return self._scaler
+
+    @property
+    def zero_grad(self) -> bool:
+        """Whether each step starts from no gradients."""
+        return self._zero_grad
+
+    @property
+    def history(self) -> list[SizeChange]:
+        """Every change of the size, with its step and reason."""
+        return self.tracker.history
+
+    @property
+    def retries(self) -> int:
+        """Batches re-run after an out-of-memory error, in all."""
+        return self.tracker.retries
+
+    def state_dict(self) -> dict[str, Any]:
+        """The size search state, to save with a checkpoint (a resumed run need not search)."""
+        return self.tracker.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.tracker.load_state_dict(state)
+
+    def step(self, batch: Any, loss_fn: Callable[[Any], Any]) -> torch.Tensor:
+        """Forward and backward over ``batch`` in microbatches; every rank calls it.
+
+        Args:
+            batch: this rank's whole batch. Microbatches are views of it: ``loss_fn`` must not
+                modify them in place (a retry reuses the batch).
+            loss_fn: ``loss_fn(microbatch)`` returns the loss of the microbatch (a scalar
+                tensor), or a ``(loss, output)`` pair whose outputs land in :attr:`outputs`.
+
+        Returns:
+            This rank's batch loss (detached; the mean over the batch with
+            ``reduction="mean"``). The gradients are in ``.grad``, averaged over the ranks.
+
+        Raises:
+            MicrobatchOOMError: some rank is out of memory at the minimum size (on every rank).
+            RemoteError: another rank failed with a different error.
+            DistributedTimeoutError: another rank did not reach the vote within the timeout.
+        """
+        link = self._link()
+        self._view.broadcast_buffers()
+        snapshot = self._view.snapshot_buffers() if self._restore_buffers else []
+        stashed = self._view.take_grads(keep=not self._zero_grad)
+        try:
+            with self._view.buffer_sync_off():
+                votes, attempt = self._agree(batch, loss_fn, link, snapshot)
+            if self._averager is not None:
+                missing = [set(v.missing) for v in votes.values()]
+                self._averager.reduce(set.intersection(*missing))
+        except BaseException:  # leave gradients and buffers as they were before the step
+            self._recover(snapshot, free=False)
+            self._view.give_back_grads(stashed)
+            raise
+        self._view.give_back_grads(stashed)
+        self.tracker.succeeded(votes)
+        if attempt.loss is None:
+            import torch
+
+            return torch.zeros(())
+        return attempt.loss
+
+    def _agree(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], Any],
+        link: Session,
+        snapshot: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[dict[int, Vote], _Attempt]:
+        """Attempt and vote until every rank has run the whole batch (or raise everywhere)."""
+        failures = 0
+        while True:
+            attempt = self._attempt(batch, loss_fn, link)
+            votes = self._vote(attempt, link)
+            if all(v.status == "ok" for v in votes.values()):
+                return votes, attempt
+            failures += 1
+            self._recover(snapshot, free=any(v.status == "oom" for v in votes.values()))
+            self._settle_failure(votes, attempt, failures, link)
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    def _attempt(self, batch: Any, loss_fn: Callable[[Any], Any], link: Session) -> _Attempt:
+        self._attempts += 1
+        flag = f"microbatch/{self._id}/{self._attempts}"
+        self._last_check = time.monotonic()
+        self.outputs = []
+        self._where = "counting the samples of the batch"
+        size = total = 0
+        try:
+            total = self._size_fn(batch)
+            size = self.tracker.effective(total)
+            self._where = "splitting the batch"
+            loss = self._run(batch, loss_fn, size, total, link, flag)
+            missing: tuple[int, ...] = ()
+            if self._averager is not None:
+                self._where = "allocating the gradient-averaging buffers"
+                self._averager.prepare()
+                missing = self._averager.missing()
+            return _Attempt(Vote("ok", size, total, missing=missing), loss)
+        except _PeerFailed:
+            return _Attempt(Vote("aborted", size, total, self._where))
+        except BaseException as exc:  # the vote must happen whatever failed; re-raised below
+            reason = is_oom(exc)
+            flagged = self._raise_flag(link, flag)
+            if reason is not None:  # drop the exception: its frames hold the activations
+                oom = Vote("oom", size, total, f"{reason}, in {self._where}")
+                return _Attempt(oom, flagged=flagged)
+            detail = f"{type(exc).__name__}: {exc} (in {self._where})"[:_DETAIL_CHARS]
+            return _Attempt(Vote("error", size, total, detail), None, exc, flagged)
+
+    def _run(
+        self,
+        batch: Any,
+        loss_fn: Callable[[Any], Any],
+        size: int,
+        total: int,
+        link: Session,
+        flag: str,
+    ) -> torch.Tensor | None:
+        parts = list(self._split_fn(batch, size)) if total else []
+        weights = self._weights(parts, total)
+        losses = []  # weighted and detached; summed once at the end (fewer tiny kernels)
+        for index, (part, weight) in enumerate(zip(parts, weights, strict=True)):
+            if index and self._peer_failed(link, flag):
+                raise _PeerFailed
+            where = f"microbatch {index + 1}/{len(parts)} (size {size})"
+            self._where = f"the forward of {where}"
+            with self._view.no_sync():
+                loss, output = unpack_loss(loss_fn(part))
+                self._where = f"the backward of {where}"
+                weighted = loss * weight if weight != 1.0 else loss
+                scaled = self._scaler.scale(weighted) if self._scaler is not None else weighted
+                scaled.backward()
+            losses.append(weighted.detach())
+            if output is not None:
+                self.outputs.append(detached(output))
+        if not losses:
+            return None
+        import torch
+
+        return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+
+    def _weights(self, parts: list[Any], total: int) -> list[float]:
+        sizes = [self._size_fn(part) for part in parts]
+        if sum(sizes) != total:
+            raise ConfigurationError(
+                f"the microbatches hold {sum(sizes)} samples ({sizes}) but the batch has {total}: "
+                "samples would be lost or counted twice. HINT: split_fn must cut the batch into "
+                "parts whose size_fn values add up to size_fn(batch)."
+            )
+        if self._reduction == "sum":
+            return [1.0] * len(parts)
+        return [n / total for n in sizes]
+
+    def _peer_failed(self, link: Session, flag: str) -> bool:
+        if self._check_interval is None or link.plane is None or link.topology.world_size == 1:
+            return False
+        now = time.monotonic()
+        if now - self._last_check < self._check_interval:
+            return False  # a store round trip per short microbatch would cost more than it saves
+        self._last_check = now
+        return link.plane.flag_is_raised(flag)
+
+    def _raise_flag(self, link: Session, flag: str) -> bool:
+        if link.plane is None or link.topology.world_size == 1:
+            return False
+        with contextlib.suppress(Exception):  # a dead store shows up in the vote instead
+            link.plane.raise_flag(flag)
+            return True
+        return False
+
+    # -- agreement -------------------------------------------------------------------------
+
+    def _vote(self, attempt: _Attempt, link: Session) -> dict[int, Vote]:
+        if link.topology.world_size == 1:
+            return {0: attempt.vote}
+        what = f"the MicroBatcher vote after attempt {self._attempts} (step {self.tracker.steps})"
+        world = range(link.topology.world_size)
+        try:
+            votes = collectives.exchange(attempt.vote, True, world, self._timeout, what)
+        except BaseException:
+            if attempt.error is not None:
+                raise attempt.error from None  # this rank's own failure is the real news
+            raise
+        finally:
+            if attempt.flagged and link.plane is not None:
+                with contextlib.suppress(Exception):  # everyone has voted: nobody looks any more
+                    link.plane.lower_flag(f"microbatch/{self._id}/{self._attempts}")
+        return {rank: vote for rank, vote in votes.items() if isinstance(vote, Vote)}
+
+    def _settle_failure(
+        self, votes: dict[int, Vote], attempt: _Attempt, failures: int, link: Session
+    ) -> None:
+        """Shrink for the retry, or raise on every rank (after they all read the votes)."""
+        errors = {rank: v for rank, v in sorted(votes.items()) if v.status == "error"}
+        terminal: BaseException
+        if errors:
+            rank, vote = next(iter(errors.items()))
+            terminal = attempt.error or RemoteError(
+                f"rank {rank} failed during MicroBatcher.step: {vote.detail}. Rank "
+                f"{link.topology.rank} stops too (failing ranks: {sorted(errors)}). HINT: the "
+                f"cause is in rank {rank}'s traceback; this rank is collateral damage."
+            )
+        else:
+            try:
+                self.tracker.failed(votes, failures)  # shrinks, or says why it cannot
+                return
+            except BaseException as exc:
+                terminal = exc
+        self._acknowledge(link)
+        raise terminal
+
+    def _acknowledge(self, link: Session) -> None:
+        """Wait (briefly) until every rank has read the fatal votes.
+
+        Rank 0 hosts the store: if it raised and exited at once, a rank still reading the
+        votes would see the store vanish instead of the reason.
+        """
+        if link.topology.world_size == 1:
+            return
+        seconds = _ACK_SECONDS
+        if self._timeout is not None:
+            seconds = min(seconds, _seconds(self._timeout))
+        with contextlib.suppress(Exception):
+            collectives.timed_barrier(link, None, seconds, "MicroBatcher: acknowledging")
+
+    # -- gradients and memory --------------------------------------------------------------
+
+    def _link(self) -> Session:
+        link = _state.session("MicroBatcher.step")
+        if self._averager is None and self._sync:
+            self._averager = self._make_averager(link)
+        return link
+
+    def _make_averager(self, link: Session) -> GradientAverager | None:
+        ddp = self._view.ddp
+        if ddp is not None:
+            import torch.distributed as dist
+
+            group, world = ddp.process_group, dist.get_world_size(ddp.process_group)
+        else:
+            group, world = None, link.topology.world_size
+        if world == 1:
+            self._sync = False
+            return None
+        return GradientAverager(self._view.reduced_params(), group, world, self._bucket_bytes)
+
+    def _recover(self, snapshot: list[tuple[torch.Tensor, torch.Tensor]], free: bool) -> None:
+        """Drop the partial gradients and outputs, restore buffers; after an OOM, also collect
+        garbage and return cached device memory (a full collection takes a fraction of a
+        second with large frameworks imported, so not for other failures)."""
+        self.outputs = []
+        self._view.drop_grads()
+        self._view.restore_buffers(snapshot)
+        if free:
+            free_memory(self._view.device_types)
+
+
+def _seconds(timeout: float | timedelta) -> float:
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
