@@ -238,7 +238,17 @@ def _outcome(
         )
         return RankOutcome(rank, local, host, "crashed", how, code, died.get(rank), stdout, stderr)
     if done is None and rank in died:
+        # Torch's agent did not see it fail on its own (it would have an exit code), so the agent
+        # stopped it, after another rank failed, before the watchdog got to it.
         return RankOutcome(
-            rank, local, host, "crashed", "died without reporting", code, died[rank], stdout, stderr
+            rank,
+            local,
+            host,
+            "stopped",
+            "stopped while still running",
+            code,
+            died[rank],
+            stdout,
+            stderr,
         )
     return RankOutcome(rank, local, host, "ok", "finished", code, None, stdout, stderr)
