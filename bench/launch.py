@@ -6,13 +6,15 @@ Each launcher runs bench/scripts/trivial.py (init, barrier, all_reduce, exit) wi
 on this machine, interleaved round by round so drift hits all alike; the table shows the median
 wall time and the ratio to torchrun. Then rank 1 raises right after init: the second table shows
 the median time from the failure to the launcher's exit, and the exit code each launcher returns
-(the culprit's code is 1).
+(the culprit's code is 1). A run that has not finished after 60 s is counted as hung and its whole
+process group is killed (torch 2.7's gloo destructor can deadlock at exit, pytorch PR #154976).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import median, table
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "trivial.py")
+HANG_SECONDS = 60
 BIN = Path(sys.executable).parent
 
 LAUNCHERS = {
@@ -41,19 +44,26 @@ LAUNCHERS = {
 }
 
 
-def once(command: list[str], fail: str | None) -> tuple[float, int, float | None]:
+def once(command: list[str], fail: str | None) -> tuple[float | None, int, float | None]:
+    """(wall seconds or None if hung, exit code, failure-to-exit seconds)."""
     args = [*command, "--fail", fail] if fail else command
     started = time.time()
-    done = subprocess.run(
+    process = subprocess.Popen(
         args,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        start_new_session=True,
     )
+    try:
+        code = process.wait(timeout=HANG_SECONDS)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return None, -1, None
     ended = time.time()
     failed_at = float(Path(fail).read_text()) if fail and Path(fail).exists() else None
-    return ended - started, done.returncode, (ended - failed_at) if failed_at else None
+    return ended - started, code, (ended - failed_at) if failed_at else None
 
 
 def main() -> None:
@@ -63,23 +73,38 @@ def main() -> None:
     walls: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     to_exit: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     codes: dict[str, set[int]] = {name: set() for name in LAUNCHERS}
+    hangs: dict[str, int] = dict.fromkeys(LAUNCHERS, 0)
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.repeat):
             for name, command in LAUNCHERS.items():
                 wall, code, _ = once(command, None)
-                assert code == 0, f"{name} failed on the trivial job"
-                walls[name].append(wall)
-                marker = str(Path(tmp, f"fail-{round_}-{len(to_exit[name])}"))
-                _, code, delay = once(command, marker)
+                if wall is None:
+                    hangs[name] += 1
+                else:
+                    assert code == 0, f"{name} failed on the trivial job (exit code {code})"
+                    walls[name].append(wall)
+                marker = str(Path(tmp, f"fail-{round_}-{name.split()[0]}"))
+                wall, code, delay = once(command, marker)
+                if wall is None:
+                    hangs[name] += 1
+                    continue
                 codes[name].add(code)
                 if delay is not None:
                     to_exit[name].append(delay)
     base = median(walls["torchrun"])
-    print(f"trivial 2-rank job, median of {args.repeat} runs")
+    runs = 2 * args.repeat
+    print(
+        f"trivial 2-rank job, median of up to {args.repeat} runs (hung: of {runs} runs per "
+        f"launcher, killed after {HANG_SECONDS} s)"
+    )
     print(
         table(
-            ["launcher", "wall s", "x torchrun"],
-            [(name, median(w), median(w) / base) for name, w in walls.items()],
+            ["launcher", "wall s", "x torchrun", "hung"],
+            [
+                (name, median(w), median(w) / base, f"{hangs[name]}/{runs}")
+                for name, w in walls.items()
+                if w
+            ],
         )
     )
     base_exit = median(to_exit["torchrun"])

@@ -105,6 +105,8 @@ def test_public_modules_declare_all() -> None:
     for name in (
         "ranks",
         "collectives",
+        "groups",
+        "sync",
         "lifecycle",
         "errors",
         "config",

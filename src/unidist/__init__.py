@@ -14,15 +14,12 @@ from unidist._env import Topology
 from unidist._oom import is_oom
 from unidist._version import __version__
 from unidist.collectives import (
-    Group,
     all_gather,
     all_gather_object,
     all_gather_uneven,
     all_reduce,
-    barrier,
     broadcast,
     broadcast_object,
-    new_group,
 )
 from unidist.config import show_config
 from unidist.errors import (
@@ -38,6 +35,7 @@ from unidist.errors import (
     TopologyError,
     UnidistError,
 )
+from unidist.groups import Group, new_group
 from unidist.lifecycle import (
     available_adapters,
     available_backends,
@@ -69,6 +67,7 @@ from unidist.ranks import (
     rank_zero_only,
     topology,
 )
+from unidist.sync import barrier
 
 #: Public names whose module is imported on first access: name -> module.
 _LAZY: dict[str, str] = {

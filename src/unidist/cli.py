@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from unidist.errors import UnidistError
+
+if TYPE_CHECKING:
+    from unidist.launch.report import Report
 
 __all__ = ["main"]
 
@@ -70,9 +75,8 @@ def _launch(args: argparse.Namespace) -> int:
         return 0
     program, argv = runner.script_command(plan)
     report, _ = runner.run(plan, program, argv, verbose=args.verbose)
-    if report.failed:
-        print(report.format(), file=sys.stderr, end="", flush=True)
-    return report.exit_code
+    _finish(report)
+    return report.exit_code  # pragma: no cover (_finish exits)
 
 
 def _smoke(args: argparse.Namespace) -> int:
@@ -98,9 +102,21 @@ def _smoke(args: argparse.Namespace) -> int:
     plan = plan_from_args(launch_args)
     program, argv = runner.script_command(plan)
     report, _ = runner.run(plan, program, argv)
+    _finish(report)
+    return report.exit_code  # pragma: no cover (_finish exits)
+
+
+def _finish(report: Report) -> None:
+    """Print the report and leave with the job's exit code, skipping this process's teardown.
+
+    Every rank has been accounted for and its logs are written; tearing down torch here would
+    only delay the exit code that schedulers and scripts wait for.
+    """
     if report.failed:
-        print(report.format(), file=sys.stderr, end="", flush=True)
-    return report.exit_code
+        print(report.format(), file=sys.stderr, end="")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(report.exit_code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

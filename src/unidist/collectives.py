@@ -1,5 +1,7 @@
 """Collectives for tensors, Python numbers and objects, written once above the adapters.
 
+Barriers and exchanges live in :mod:`unidist.sync`, groups in :mod:`unidist.groups`.
+
 Every function works unchanged in a single process (the identity), accepts a :class:`Group` from
 :func:`new_group`, and sizes its results by that group. Object collectives and size exchanges
 travel over a gloo "control" group, so they need no CUDA device and never touch NCCL.
@@ -9,14 +11,12 @@ from __future__ import annotations
 
 import functools
 import pickle
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from unidist import _state
 from unidist.adapters.base import REDUCE_OPS
-from unidist.errors import ConfigurationError, RemoteError, translated
+from unidist.errors import ConfigurationError, RemoteError
+from unidist.groups import Group, fail, members
 
 if TYPE_CHECKING:
     import torch
@@ -24,16 +24,12 @@ if TYPE_CHECKING:
     from unidist._state import Session
 
 __all__ = [
-    "Group",
     "all_gather",
     "all_gather_object",
     "all_gather_uneven",
     "all_reduce",
-    "barrier",
     "broadcast",
     "broadcast_object",
-    "exchange",
-    "new_group",
 ]
 
 T = TypeVar("T")
@@ -41,45 +37,6 @@ T = TypeVar("T")
 _OP_NAMES = {name: name for name in REDUCE_OPS} | {name.upper(): name for name in REDUCE_OPS}
 #: Longest shape all_gather_uneven can describe.
 _MAX_DIMS = 16
-
-
-@dataclass(frozen=True, eq=False)
-class Group:
-    """A group of ranks made by :func:`new_group`.
-
-    Attributes:
-        ranks: the global ranks in the group, sorted; group rank ``i`` is ``ranks[i]``.
-        handle: the adapter's own handle for the group.
-        control: the gloo group used for control messages (the handle itself when it is gloo).
-    """
-
-    ranks: tuple[int, ...]
-    handle: Any
-    control: Any
-
-    @property
-    def size(self) -> int:
-        """Number of ranks in the group."""
-        return len(self.ranks)
-
-    def __contains__(self, rank: object) -> bool:
-        return rank in self.ranks
-
-    def rank_of(self, global_rank: int) -> int | None:
-        """The group rank of ``global_rank``, or None when it is not a member."""
-        return self.ranks.index(global_rank) if global_rank in self.ranks else None
-
-
-def _members(s: Session, group: Group | None, what: str) -> tuple[int, Any, Any]:
-    """(size, adapter handle, control handle) of ``group``; refuses non-members."""
-    if group is None:
-        return s.topology.world_size, None, s.control
-    if s.topology.rank not in group.ranks:
-        raise ConfigurationError(
-            f"rank {s.topology.rank} called {what} on a group of ranks {list(group.ranks)} it is "
-            "not in. HINT: only members call collectives on a group (test `rank in group`)."
-        )
-    return len(group.ranks), group.handle, group.control
 
 
 def _op(op: str) -> str:
@@ -91,10 +48,6 @@ def _op(op: str) -> str:
             f"op={op!r} is not a reduction unidist knows; expected one of {', '.join(REDUCE_OPS)}."
         )
     return name
-
-
-def _fail(exc: BaseException, what: str) -> BaseException:
-    return translated(exc, what) or exc
 
 
 # -- all_reduce --------------------------------------------------------------------------------
@@ -123,7 +76,7 @@ def all_reduce(value: T, op: str = "sum", *, group: Group | None = None) -> T:
 
     s = _state.session("all_reduce")
     name = _op(op)
-    size, handle, _ = _members(s, group, "all_reduce")
+    size, handle, _ = members(s, group, "all_reduce")
     if isinstance(value, torch.Tensor):
         return _reduce_tensor(s, value, name, size, handle)  # type: ignore[return-value]
     if isinstance(value, bool | int | float):
@@ -170,7 +123,7 @@ def _reduce_tensor(
     try:
         result = s.adapter.all_reduce(work, primitive, handle)  # type: ignore[arg-type]
     except RuntimeError as exc:
-        raise _fail(exc, f"all_reduce(op={op!r}) over {size} ranks") from exc
+        raise fail(exc, f"all_reduce(op={op!r}) over {size} ranks") from exc
     if result is not work:
         work.copy_(result)  # the adapter returned a new tensor
     if work.data_ptr() != tensor.data_ptr():
@@ -220,7 +173,7 @@ def all_gather(tensor: torch.Tensor, *, group: Group | None = None) -> list[torc
     import torch
 
     s = _state.session("all_gather")
-    size, handle, _ = _members(s, group, "all_gather")
+    size, handle, _ = members(s, group, "all_gather")
     if not isinstance(tensor, torch.Tensor):
         raise ConfigurationError(
             f"all_gather takes a tensor, got {type(tensor).__name__}. "
@@ -241,7 +194,7 @@ def _gather(
     try:
         out = s.adapter.all_gather(work, handle)
     except RuntimeError as exc:
-        raise _fail(exc, f"{what} over {size} ranks") from exc
+        raise fail(exc, f"{what} over {size} ranks") from exc
     if len(out) != size:
         raise RemoteError(
             f"adapter {s.adapter.name!r} returned {len(out)} tensors from all_gather over "
@@ -268,7 +221,7 @@ def all_gather_uneven(tensor: torch.Tensor, *, group: Group | None = None) -> li
     import torch
 
     s = _state.session("all_gather_uneven")
-    size, handle, control = _members(s, group, "all_gather_uneven")
+    size, handle, control = members(s, group, "all_gather_uneven")
     if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         raise ConfigurationError(
             "all_gather_uneven takes a tensor with at least one dimension, got "
@@ -328,7 +281,7 @@ def all_gather_object(obj: T, *, group: Group | None = None) -> list[T]:
         One object per rank of the group, in rank order (``[obj]`` alone).
     """
     s = _state.session("all_gather_object")
-    size, _, control = _members(s, group, "all_gather_object")
+    size, _, control = members(s, group, "all_gather_object")
     payload = _to_bytes(obj)  # also alone: an unpicklable object fails the same way everywhere
     if size == 1:
         return [obj]
@@ -354,7 +307,7 @@ def broadcast(value: T, src: int = 0, *, group: Group | None = None) -> T:
     if not isinstance(value, torch.Tensor):
         return broadcast_object(value, src, group=group)
     s = _state.session("broadcast")
-    size, handle, _ = _members(s, group, "broadcast")
+    size, handle, _ = members(s, group, "broadcast")
     _check_src(s, src, group)
     if size == 1:
         return value
@@ -364,7 +317,7 @@ def broadcast(value: T, src: int = 0, *, group: Group | None = None) -> T:
     try:
         result = s.adapter.broadcast(work, src, handle)
     except RuntimeError as exc:
-        raise _fail(exc, f"broadcast from rank {src} over {size} ranks") from exc
+        raise fail(exc, f"broadcast from rank {src} over {size} ranks") from exc
     if result is not work:
         work.copy_(result)
     if work.data_ptr() != value.data_ptr():
@@ -381,7 +334,7 @@ def broadcast_object(obj: T, src: int = 0, *, group: Group | None = None) -> T:
     import torch
 
     s = _state.session("broadcast_object")
-    size, _, control = _members(s, group, "broadcast_object")
+    size, _, control = members(s, group, "broadcast_object")
     _check_src(s, src, group)
     is_src = s.topology.rank == src
     payload = _to_bytes(obj) if is_src else None  # also alone, so failures match everywhere
@@ -395,7 +348,7 @@ def broadcast_object(obj: T, src: int = 0, *, group: Group | None = None) -> T:
             payload = torch.empty(int(length.item()), dtype=torch.uint8)
         payload = s.adapter.broadcast(payload, src, control)
     except RuntimeError as exc:
-        raise _fail(exc, what) from exc
+        raise fail(exc, what) from exc
     received: T = pickle.loads(payload.numpy().tobytes())
     return obj if is_src else received
 
@@ -423,114 +376,6 @@ def _to_bytes(obj: object) -> torch.Tensor:
             f"cannot send {type(obj).__name__}: it is not picklable ({exc})."
         ) from exc
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-
-# -- barrier and groups ------------------------------------------------------------------------
-
-
-def barrier(timeout: float | timedelta | None = None, *, group: Group | None = None) -> None:
-    """Wait until every rank of the group arrives.
-
-    Args:
-        timeout: seconds to wait. ``None`` waits as long as the process group's timeout (the
-            ``timeout`` given to :func:`unidist.initialize`). With a timeout, the error names the
-            ranks that did not arrive.
-        group: synchronise this group instead of the whole world.
-
-    Raises:
-        DistributedTimeoutError: not every rank arrived in time.
-    """
-    s = _state.session("barrier")
-    size, handle, _ = _members(s, group, "barrier")
-    if timeout is not None:
-        _seconds(timeout)
-    if size == 1:
-        return
-    if timeout is None:
-        try:
-            s.adapter.barrier(handle)
-        except RuntimeError as exc:
-            raise _fail(exc, f"barrier over {size} ranks") from exc
-        return
-    timed_barrier(s, group, timeout, f"barrier over {size} ranks")
-
-
-def timed_barrier(s: Session, group: Group | None, timeout: float | timedelta, what: str) -> None:
-    """A barrier that gives up after ``timeout`` on every rank and names the missing ranks.
-
-    It goes through unidist's control store (see :mod:`unidist._control`): a collective cannot
-    be abandoned cleanly, a store wait can. Without a control store (an adapter that is not
-    built on torch.distributed) it is the adapter's barrier, bounded by the session timeout.
-    """
-    seconds = _seconds(timeout)
-    if s.plane is None:
-        try:
-            s.adapter.barrier(group.handle if group is not None else None)
-        except RuntimeError as exc:
-            raise _fail(exc, what) from exc
-        return
-    members = group.ranks if group is not None else range(s.topology.world_size)
-    s.plane.barrier(tuple(members), seconds, what)
-
-
-def exchange(
-    value: object,
-    publish: bool,
-    wait_for: Sequence[int],
-    timeout: float | timedelta | None,
-    what: str,
-) -> dict[int, object]:
-    """Every rank calls it: publishers send ``value``; each rank gets the values of ``wait_for``.
-
-    The waiting ranks give up after ``timeout`` (default: the session timeout) with an error
-    that names the ranks they waited for. Used by one_rank_first and one_rank_only.
-    """
-    s = _state.session(what)
-    seconds = _seconds(timeout if timeout is not None else s.timeout)
-    if s.plane is not None:
-        return s.plane.exchange(
-            tuple(range(s.topology.world_size)), value, publish, wait_for, seconds, what
-        )
-    everyone = all_gather_object((publish, value if publish else None))
-    return {rank: everyone[rank][1] for rank in wait_for}
-
-
-def _seconds(timeout: float | timedelta) -> float:
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if not isinstance(seconds, int | float) or not seconds > 0:
-        raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds.")
-    return float(seconds)
-
-
-def new_group(ranks: Sequence[int]) -> Group:
-    """Create a group of global ranks. Every rank must call it, members or not (as in torch).
-
-    Raises:
-        ConfigurationError: ranks are not distinct integers within the world.
-    """
-    s = _state.session("new_group")
-    world = s.topology.world_size
-    members = tuple(sorted(set(ranks))) if _all_ints(ranks) else ()
-    if not members or len(members) != len(ranks) or members[0] < 0 or members[-1] >= world:
-        raise ConfigurationError(
-            f"new_group(ranks={list(ranks)!r}) needs distinct integer ranks in 0..{world - 1}."
-        )
-    if world == 1:
-        return Group(members, members, None)
-    try:
-        handle = s.adapter.new_group(members)
-        control = handle
-        if s.torch_backed and s.backend != "gloo":
-            import torch.distributed as dist
-
-            control = dist.new_group(ranks=list(members), backend="gloo", timeout=s.timeout)
-    except RuntimeError as exc:
-        raise _fail(exc, f"new_group({list(members)})") from exc
-    return Group(members, handle, control)
-
-
-def _all_ints(values: Sequence[object]) -> bool:
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
 @functools.cache

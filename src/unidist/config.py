@@ -6,7 +6,9 @@ import json
 import sys
 from typing import Any, TextIO
 
-from unidist import lifecycle
+from unidist import _env, _state, lifecycle
+from unidist.adapters import registry
+from unidist.errors import UnidistError
 
 __all__ = ["describe", "format_config", "show_config"]
 
@@ -16,7 +18,55 @@ def describe() -> dict[str, Any]:
 
     Starts no process group and imports no framework.
     """
-    return lifecycle.describe()
+    settings = _env.read_settings()
+    info: dict[str, Any] = {"unidist": _version(), "python": sys.version.split()[0]}
+    try:
+        reading = _state.view() if _state.current() else _env.read()
+        info["launcher"] = reading.launcher
+        info["topology"] = (
+            reading.topology().as_dict()
+            if not reading.missing
+            else {
+                "rank": reading.rank,
+                "world_size": reading.world_size,
+                "unknown": list(reading.missing),
+            }
+        )
+        info["environment_notes"] = list(reading.notes)
+        info["master"] = {"addr": reading.master_addr, "port": reading.master_port}
+    except UnidistError as exc:
+        info["launcher"] = None
+        info["topology_error"] = str(exc)
+    try:
+        chosen, reason = registry.choose(None, settings.adapter, _env.read())
+        info["adapter"] = {"name": chosen.name, "reason": reason}
+    except UnidistError as exc:
+        info["adapter"] = {"name": None, "reason": str(exc)}
+    info["adapters"] = {
+        name: {
+            "installed": spec.installed,
+            "version": spec.version,
+            "origin": spec.origin,
+            "install": None if spec.installed else spec.pip_hint,
+        }
+        for name, spec in sorted(registry.specs().items())
+    }
+    info["torch"] = _torch_version()
+    info["backends"] = list(lifecycle.available_backends())
+    info["initialized"] = lifecycle.is_initialized()
+    return info
+
+
+def _version() -> str:
+    from unidist._version import __version__
+
+    return __version__
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
 
 
 def show_config(as_json: bool = False, file: TextIO | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from unidist import devices, lifecycle
+from unidist import config, devices
 from unidist.errors import UnidistError
 
 __all__ = ["format_probe", "probe", "show_probe"]
@@ -36,7 +36,7 @@ def probe() -> dict[str, Any]:
     """
     import torch
 
-    info = lifecycle.describe()  # launcher, topology, adapters, backends: written once there
+    info = config.describe()  # launcher, topology, adapters, backends: written once there
     info["platform"] = platform.platform()
     info["torch"] = _torch_build(torch)
     info["cuda"] = _cuda(torch)

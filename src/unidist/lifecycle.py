@@ -9,11 +9,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from unidist import _env, _state
 from unidist.adapters import registry
-from unidist.errors import ConfigurationError, TopologyError, UnidistError, translate_errors
+from unidist.errors import ConfigurationError, TopologyError, translate_errors
 
 if TYPE_CHECKING:
     from unidist._control import ControlPlane
@@ -386,58 +386,3 @@ def use(adapter: str | Adapter) -> Iterator[Adapter]:
         yield chosen
     finally:
         session.adapter = previous
-
-
-def describe() -> dict[str, Any]:
-    """What :func:`unidist.show_config` prints, as a dict (no process group is started)."""
-    import sys
-
-    settings = _env.read_settings()
-    info: dict[str, Any] = {"unidist": _version(), "python": sys.version.split()[0]}
-    try:
-        reading = _state.view() if _state.current() else _env.read()
-        info["launcher"] = reading.launcher
-        info["topology"] = (
-            reading.topology().as_dict()
-            if not reading.missing
-            else {
-                "rank": reading.rank,
-                "world_size": reading.world_size,
-                "unknown": list(reading.missing),
-            }
-        )
-        info["environment_notes"] = list(reading.notes)
-        info["master"] = {"addr": reading.master_addr, "port": reading.master_port}
-    except UnidistError as exc:
-        info["launcher"] = None
-        info["topology_error"] = str(exc)
-    try:
-        chosen, reason = registry.choose(None, settings.adapter, _env.read())
-        info["adapter"] = {"name": chosen.name, "reason": reason}
-    except UnidistError as exc:
-        info["adapter"] = {"name": None, "reason": str(exc)}
-    info["adapters"] = {
-        name: {
-            "installed": spec.installed,
-            "version": spec.version,
-            "origin": spec.origin,
-            "install": None if spec.installed else spec.pip_hint,
-        }
-        for name, spec in sorted(registry.specs().items())
-    }
-    info["torch"] = _torch_version()
-    info["backends"] = list(available_backends())
-    info["initialized"] = is_initialized()
-    return info
-
-
-def _version() -> str:
-    from unidist._version import __version__
-
-    return __version__
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from unidist import _state, collectives
+from unidist import _state, sync
 from unidist._gradsync import GradientAverager, inspect_model
 from unidist._microbatch_policy import SizeChange, SizePolicy, SizeTracker, Vote
 from unidist._oom import free_memory, is_oom
@@ -344,7 +344,7 @@ class MicroBatcher:
         what = f"the MicroBatcher vote after attempt {self._attempts} (step {self.tracker.steps})"
         world = range(link.topology.world_size)
         try:
-            votes = collectives.exchange(attempt.vote, True, world, self._timeout, what)
+            votes = sync.exchange(attempt.vote, True, world, self._timeout, what)
         except BaseException:
             if attempt.error is not None:
                 raise attempt.error from None  # this rank's own failure is the real news
@@ -389,7 +389,7 @@ class MicroBatcher:
         if self._timeout is not None:
             seconds = min(seconds, _seconds(self._timeout))
         with contextlib.suppress(Exception):
-            collectives.timed_barrier(link, None, seconds, "MicroBatcher: acknowledging")
+            sync.timed_barrier(link, None, seconds, "MicroBatcher: acknowledging")
 
     # -- gradients and memory --------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from unidist.errors import ConfigurationError, RemoteError, TopologyError
 
 if TYPE_CHECKING:
     from unidist._env import Topology
-    from unidist.collectives import Group
+    from unidist.groups import Group
 
 __all__ = [
     "get_local_rank",
@@ -186,7 +186,7 @@ def _check_rank(rank: int, size: int, what: str) -> None:
 @contextlib.contextmanager
 def _report_to_waiters(me: int, what: str, timeout: float | timedelta | None) -> Iterator[None]:
     """On a first rank: run the block, then tell the waiting ranks how it went."""
-    from unidist.collectives import exchange
+    from unidist.sync import exchange
 
     try:
         yield
@@ -200,7 +200,7 @@ def _report_to_waiters(me: int, what: str, timeout: float | timedelta | None) ->
 
 def _wait_for(first: int, what: str, timeout: float | timedelta | None) -> None:
     """On a waiting rank: wait (bounded) for ``first``, and raise if it failed."""
-    from unidist.collectives import exchange
+    from unidist.sync import exchange
 
     report = exchange(None, False, [first], timeout, f"waiting for rank {first} to finish {what}")[
         first

@@ -13,7 +13,7 @@ Quirks of Composer 0.32 that this adapter normalises, so it answers exactly like
 * ``all_gather`` sizes its output by the *global* world size even for a subgroup; for subgroups
   the adapter gathers with ``torch.distributed`` directly. Composer has no ``new_group``, so
   groups come from ``torch.distributed.new_group``.
-* ``initialize_dist`` writes single-rank defaults into ``os.environ``; they are removed again at
+* ``initialize_dist`` writes single-rank defaults into the environment; they are removed again at
   ``finalize``.
 """
 

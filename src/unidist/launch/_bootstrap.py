@@ -4,7 +4,7 @@ Runs the user's script or module as ``__main__`` (as ``python SCRIPT`` or ``pyth
 would), after :func:`unidist.launch._rank.prepare_rank`, and records how it ended. An uncaught
 exception is printed without this file's and runpy's frames (and without the ``[rankN]:`` prefix
 torch's excepthook would add: the launcher's console prefixes every line already); the exit
-status is 1, as for any uncaught exception.
+status is 1, as for any uncaught exception. A failing rank exits at once (see ``_exit_now``).
 """
 
 from __future__ import annotations
@@ -38,16 +38,32 @@ def main(argv: list[str]) -> int:
     except SystemExit as exc:
         if exc.code in (None, 0):
             record_done()
-        else:
-            record_error(exc)
-        raise
+            raise
+        record_error(exc)
+        if not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)  # as Python does for sys.exit("message")
+        _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except BaseException as exc:
         record_error(exc)
         traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__))
-        sys.stderr.flush()
-        return 1
+        _exit_now(1)
     record_done()
     return 0
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once after a failure: flush output and logs, skip the interpreter's teardown.
+
+    The other ranks learn of the failure when this process's sockets close, so every moment
+    spent tearing down delays them; and tearing down torch 2.7's gloo groups can deadlock.
+    """
+    import logging
+    import os
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
