@@ -183,6 +183,13 @@ def _culprit(outcomes: list[RankOutcome]) -> RankOutcome | None:
     return waited[0] if waited else None
 
 
+_ERROR_WORDS = {
+    "raised": "raised",
+    "collateral": "failed after another rank went away:",
+    "timeout": "timed out waiting for another rank:",
+}
+
+
 def _outcome(
     plan: LaunchPlan,
     local: int,
@@ -194,61 +201,28 @@ def _outcome(
     rank = plan.node_rank * plan.nproc + local
     start = records.get(("start", rank), {})
     error = records.get(("error", rank))
-    done = records.get(("done", rank))
     stdout, stderr = plan.log_paths(rank, local, int(start.get("attempt", 0)))
     code = None if exit_code is None else exit_code_of(exit_code)
-    host = str(start.get("host", "?"))
+
+    def outcome(status: str, detail: str, when: int | None) -> RankOutcome:
+        host = str(start.get("host", "?"))
+        return RankOutcome(rank, local, host, status, detail, code, when, stdout, stderr)
+
     if error is not None:
         kind = str(error["kind"])
         first_line = str(error["message"]).splitlines()[0] if error["message"] else ""
-        detail = f"{error['type']}: {first_line[:300]}"
-        words = {
-            "raised": "raised",
-            "collateral": "failed after another rank went away:",
-            "timeout": "timed out waiting for another rank:",
-        }
-        return RankOutcome(
-            rank,
-            local,
-            host,
-            kind,
-            f"{words[kind]} {detail}".strip(),
-            code,
-            int(error["time_ns"]),
-            stdout,
-            stderr,
-        )
+        detail = f"{_ERROR_WORDS[kind]} {error['type']}: {first_line[:300]}"
+        return outcome(kind, detail.strip(), int(error["time_ns"]))
     if rank in stopped and (rank not in died or stopped[rank] <= died[rank]):
-        return RankOutcome(
-            rank,
-            local,
-            host,
-            "stopped",
-            "stopped while still running",
-            code,
-            stopped[rank],
-            stdout,
-            stderr,
-        )
+        return outcome("stopped", "stopped while still running", stopped[rank])
     if exit_code is not None and exit_code != 0:
-        how = (
-            f"killed by {signal.Signals(-exit_code).name} (not by the launcher)"
-            if exit_code < 0
-            else f"exited with code {exit_code} without a Python exception"
-        )
-        return RankOutcome(rank, local, host, "crashed", how, code, died.get(rank), stdout, stderr)
-    if done is None and rank in died:
+        if exit_code < 0:
+            how = f"killed by {signal.Signals(-exit_code).name} (not by the launcher)"
+        else:
+            how = f"exited with code {exit_code} without a Python exception"
+        return outcome("crashed", how, died.get(rank))
+    if ("done", rank) not in records and rank in died:
         # Torch's agent did not see it fail on its own (it would have an exit code), so the agent
         # stopped it, after another rank failed, before the watchdog got to it.
-        return RankOutcome(
-            rank,
-            local,
-            host,
-            "stopped",
-            "stopped while still running",
-            code,
-            died[rank],
-            stdout,
-            stderr,
-        )
-    return RankOutcome(rank, local, host, "ok", "finished", code, None, stdout, stderr)
+        return outcome("stopped", "stopped while still running", died[rank])
+    return outcome("ok", "finished", None)
