@@ -46,6 +46,8 @@ class Settings:
     adapter: str | None = None
     timeout: float | None = None
     launcher: str | None = None
+    #: ``UNIDIST_TESTING_PRELOAD``: modules the test harness's fork server imports.
+    testing_preload: tuple[str, ...] | None = None
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -101,10 +103,14 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
                 f"UNIDIST_TIMEOUT={raw!r} is not a positive number of seconds. "
                 "HINT: set it to e.g. 300, or unset it for the default."
             )
+    preload = env.get("UNIDIST_TESTING_PRELOAD")
     return Settings(
         adapter=env.get("UNIDIST_ADAPTER") or None,
         timeout=timeout,
         launcher=env.get(LAUNCHER_MARKER) or None,
+        testing_preload=None
+        if preload is None
+        else tuple(name.strip() for name in preload.split(",") if name.strip()),
     )
 
 
@@ -248,3 +254,14 @@ def restore(previous: Mapping[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def current() -> dict[str, str]:
+    """A copy of this process's whole environment (for a child process built from it)."""
+    return dict(os.environ)
+
+
+def replace_all(values: Mapping[str, str]) -> None:
+    """Make ``values`` this process's whole environment (a freshly started rank only)."""
+    os.environ.clear()
+    os.environ.update(values)

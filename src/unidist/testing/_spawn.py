@@ -28,6 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from unidist import _env
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
 
 __all__ = ["DistributedTestError", "DistributedTestTimeout", "run_distributed"]
@@ -207,7 +208,7 @@ def _run_once(
                 "UNIDIST_LAUNCHER": "testing",
                 "OMP_NUM_THREADS": "1",
             }
-            merged: dict[str, str | None] = {**os.environ, **launcher, **env}
+            merged: dict[str, str | None] = {**_env.current(), **launcher, **env}
             rank_env = {k: v for k, v in merged.items() if v is not None}
             job = _Job(
                 fn,
@@ -372,8 +373,7 @@ def _worker(job: _Job) -> None:
     os.dup2(err.fileno(), 2)
     faulthandler.enable(file=err)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
-    os.environ.clear()
-    os.environ.update(job.env)
+    _env.replace_all(job.env)
     # The fork server passed its start method on; the rank's own DataLoader workers should start
     # the way they would in a normal script (fork on Linux), not as fresh interpreters.
     multiprocessing.set_start_method(_DEFAULT_START_METHOD, force=True)
@@ -449,20 +449,14 @@ def _context() -> Any:
             _context_cache = multiprocessing.get_context("spawn")
             return _context_cache
         context = multiprocessing.get_context("forkserver")
-        chosen = os.environ.get("UNIDIST_TESTING_PRELOAD")
+        chosen = _env.read_settings().testing_preload
         extra = (
-            chosen.split(",")
+            list(chosen)
             if chosen is not None
             else [name for name in _FRAMEWORKS if find_spec(name.partition(".")[0]) is not None]
         )
         context.set_forkserver_preload(
-            [
-                "torch",
-                "torch.distributed",
-                "unidist",
-                "unidist.testing._spawn",
-                *(name.strip() for name in extra if name.strip()),
-            ]
+            ["torch", "torch.distributed", "unidist", "unidist.testing._spawn", *extra]
         )
         _context_cache = context
     return _context_cache

@@ -7,14 +7,13 @@ leave the ranks out of step. :func:`unidist.testing.check_adapter` runs them all
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import unidist
-from unidist import _state
+from unidist import _env, _state
 from unidist.errors import ConfigurationError, RemoteError, UnidistError
 
 __all__ = ["CLAUSES", "ConformanceError", "run_clauses"]
@@ -45,7 +44,8 @@ def clause_topology() -> None:
     """Getters match the launcher variables and the adapter's own view of the topology."""
     rank, world = _rank_world()
     topo = unidist.topology()
-    env_rank, env_world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    launcher = _env.read()  # parsed afresh, not the session's settled copy
+    env_rank, env_world = launcher.rank, launcher.world_size
     _expect(
         (rank, world) == (env_rank, env_world),
         f"get_rank/get_world_size = {rank}/{world}, launcher says {env_rank}/{env_world}",
