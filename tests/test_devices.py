@@ -304,3 +304,13 @@ def test_the_real_cuda_check_leaves_the_environment_alone() -> None:
     # test if unidist leaves it behind.
     reason = devices.unavailable_reason("cuda")
     assert (reason is None) == (torch.cuda.is_available() and torch.cuda.device_count() > 0)
+
+
+def test_local_cuda_device_wraps_the_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    from unidist.devices import local_cuda_device
+
+    chosen: list[int] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    assert local_cuda_device(3) == torch.device("cuda", 1)
+    assert chosen == [1]

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 import types
 from typing import Any
 
@@ -14,6 +11,7 @@ import pytest
 import torch
 
 import unidist
+from tests.test_cli import run_cli
 from unidist.hardware import format_probe, show_probe
 
 OPT_STR = (str, type(None))
@@ -121,16 +119,6 @@ def test_the_validator_catches_mistakes() -> None:
     ]
     assert violations({}, {"a": int}) == ["$: missing 'a'"]
     assert violations({"a": 1, "b": 2}, {"a": int}) == ["$: unexpected 'b'"]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unidist", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=120,
-    )
 
 
 def test_probe_json_follows_the_schema() -> None:

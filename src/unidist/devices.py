@@ -43,6 +43,7 @@ __all__ = [
     "default_backend",
     "device",
     "device_kind",
+    "local_cuda_device",
     "require_backend",
     "unavailable_reason",
 ]
@@ -326,6 +327,18 @@ def _xpu_problem() -> str | None:
     return None
 
 
+def local_cuda_device(local_rank: int) -> torch.device:
+    """Make the local rank's GPU current and return it (``local_rank % device_count``).
+
+    The modulo keeps one visible GPU per task working (``srun --gpus-per-task``, ignite#3259).
+    """
+    import torch
+
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
 def _cuda_device(index: int | None) -> torch.device:
     import torch
 
@@ -333,9 +346,8 @@ def _cuda_device(index: int | None) -> torch.device:
     if index is None:
         from unidist.ranks import get_local_rank
 
-        # Modulo: one visible GPU per task (srun --gpus-per-task) still works (ignite#3259).
-        index = get_local_rank() % count
-    elif index >= count:
+        return local_cuda_device(get_local_rank())
+    if index >= count:
         raise ConfigurationError(
             f"device 'cuda:{index}' does not exist: torch sees {count} CUDA device(s) "
             f"(cuda:0..cuda:{count - 1}). HINT: drop the index to use the local rank's GPU, or "

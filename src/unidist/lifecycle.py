@@ -81,6 +81,10 @@ def initialize(
             session = _state.Session(chosen, None, reading.topology(), reading, span, reason=reason)
             _state.install(session)
             return session.topology
+        if name == "nccl" and not live and reading.local_rank is not None:
+            from unidist.devices import local_cuda_device
+
+            local_cuda_device(reading.local_rank)  # NCCL binds to the current device
         what = f"starting the {chosen.name!r} adapter ({name}, world size {reading.world_size})"
         with translate_errors(what):
             owns = chosen.initialize(name, timeout=span, env=reading)

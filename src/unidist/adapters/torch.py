@@ -71,8 +71,6 @@ class TorchAdapter:
             return False
         if backend is None:
             raise ConfigurationError("the torch adapter needs a backend name, got None.")
-        if backend == "nccl":
-            _set_cuda_device(env)
         store: Any
         if env.world_size == 1 and (env.master_addr is None or env.master_port is None):
             # One process needs no rendezvous: an in-memory store, no port to collide on.
@@ -155,11 +153,3 @@ def _reduce_ops() -> dict[str, Any]:
 
 def _reduce_op(op: PrimitiveOp) -> Any:
     return _reduce_ops()[op]
-
-
-def _set_cuda_device(env: EnvReading) -> None:
-    import torch
-
-    count = torch.cuda.device_count()
-    if count and env.local_rank is not None:
-        torch.cuda.set_device(env.local_rank % count)
