@@ -1,19 +1,41 @@
-# Sourced by scripts/test and scripts/demo: create or refresh .venv with unidist and every extra.
-# The install is redone only when pyproject.toml or constraints.txt change (a stamp file records them).
+# Sourced by scripts/test, scripts/demo and scripts/gpu-check: create or refresh virtualenvs.
+#
+#   ensure_venv DIR LABEL PIP_INSTALL_ARGS...
+#
+# creates DIR with $PYTHON (python3 by default) if it is missing and runs
+# `pip install PIP_INSTALL_ARGS...` in it whenever the stamp changes: the stamp covers
+# pyproject.toml, both constraints files and the arguments themselves, so editing any of them
+# refreshes the environment and nothing else does.
 set -euo pipefail
 PYTHON="${PYTHON:-python3}"
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
   echo "unidist needs Python >= 3.10; '$PYTHON' is $("$PYTHON" --version 2>&1). Set PYTHON=python3.11." >&2
   exit 2
 fi
-if [ ! -x .venv/bin/python ]; then
-  echo "[setup] creating .venv with $("$PYTHON" --version)"
-  "$PYTHON" -m venv .venv
-fi
-stamp="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
-if [ "$(cat .venv/.unidist-stamp 2>/dev/null || true)" != "$stamp" ]; then
-  echo "[setup] installing unidist[dev] with pinned versions (torch 2.7.0 is large: a few minutes the first time)"
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[dev]"
-  echo "$stamp" > .venv/.unidist-stamp
-fi
+
+# pip's notes about index folders that do not exist on this machine are noise, not warnings.
+_quiet_pip() {
+  "$@" 2> >(grep -v "^WARNING: Location '" >&2)
+}
+
+ensure_venv() {
+  local dir=$1 label=$2
+  shift 2
+  local stamp
+  stamp="$( (cat pyproject.toml constraints.txt constraints-tools.txt; printf '%s\n' "$@") | sha256sum | cut -c1-16)"
+  if [ ! -x "$dir/bin/python" ]; then
+    echo "[setup:$label] creating $dir with $("$PYTHON" --version)"
+    "$PYTHON" -m venv "$dir"
+  fi
+  if [ "$(cat "$dir/.unidist-stamp" 2>/dev/null || true)" != "$stamp" ]; then
+    echo "[setup:$label] pip install $* (torch is large: a few minutes the first time)"
+    _quiet_pip "$dir/bin/python" -m pip install --quiet --upgrade pip
+    _quiet_pip "$dir/bin/python" -m pip install --quiet "$@"
+    echo "$stamp" > "$dir/.unidist-stamp"
+  fi
+}
+
+# The pinned environment (.venv): what the demo and the first test run use.
+ensure_pinned_venv() {
+  ensure_venv .venv pinned -c constraints.txt -e ".[dev]"
+}

@@ -1,4 +1,11 @@
-"""Hygiene for every test: a clean launcher environment, no leaked variables or process groups."""
+"""Hygiene for every test (a clean launcher environment, no leaked variables or process groups)
+and the one way a test states a need: the markers ``composer``, ``ignite`` and ``gpu``.
+
+A marked test is skipped, with a reason that says what is missing and how to get it, when its
+need is not met; nothing else may skip a test for a missing package. ``--allow-skips composer,gpu``
+(scripts/test passes it) makes any other skip fail the run, so an environment cannot quietly
+test less than it claims to.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,8 @@ import os
 import re
 import sys
 from collections.abc import Iterator
+from importlib.util import find_spec
+from typing import Any
 
 import pytest
 
@@ -18,6 +27,99 @@ _LAUNCHER_VARIABLE = re.compile(
     r"ROLE_RANK|ROLE_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|TORCHELASTIC_\w+|SLURM_\w+|OMPI_\w+|"
     r"PMI_\w+|MPI_LOCAL\w+|MV2_\w+|UNIDIST_\w+)$"
 )
+#: Variables torch itself sets while tests run (not a test's leak): newer releases set the
+#: inductor cache folder when it first compiles and the elastic signal list when an agent runs.
+_SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCHELASTIC_SIGNALS_TO_HANDLE"})
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+#: marker -> (is the need met?, the skip reason when it is not)
+_NEEDS = {
+    "composer": (
+        lambda: find_spec("composer") is not None,
+        "needs mosaicml, which this environment does not have (it pins torch<2.7.1): "
+        "pip install 'pytorch-unidist[composer]'",
+    ),
+    "ignite": (
+        lambda: find_spec("ignite") is not None,
+        "needs pytorch-ignite: pip install 'pytorch-unidist[ignite]'",
+    ),
+    "gpu": (lambda: _cuda_devices() > 0, "needs a CUDA device (found none)"),
+}
+_ALLOWED = pytest.StashKey[str]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--allow-skips",
+        default=None,
+        metavar="MARKERS",
+        help="comma-separated markers (composer, ignite, gpu) whose tests may skip for a missing "
+        "need; any other skip fails the run",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    met: dict[str, bool] = {}
+    for item in items:
+        for marker, (check, reason) in _NEEDS.items():
+            if item.get_closest_marker(marker) is None:
+                continue
+            if marker not in met:
+                met[marker] = check()
+            if not met[marker]:
+                item.add_marker(pytest.mark.skip(reason=reason))
+                item.stash[_ALLOWED] = marker
+                break
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    if call.excinfo is None or not call.excinfo.errisinstance(pytest.skip.Exception):
+        return
+    allowed = _allowed(item.config)
+    if allowed is not None and item.stash.get(_ALLOWED, None) not in allowed:
+        _unexpected_skips(item.config).append(f"{item.nodeid}: {call.excinfo.value}")
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a whole module skipped (pytest.importorskip, say): never a marker's skip
+        _UNEXPECTED_AT_COLLECTION.append(f"{report.nodeid}: {report.longrepr}")
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    skips = _unexpected_skips(config)
+    if skips:
+        terminalreporter.section("skips that --allow-skips does not allow", red=True)
+        for line in skips:
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _unexpected_skips(session.config) and exitstatus == 0:
+        session.exitstatus = 1
+
+
+def _allowed(config: pytest.Config) -> set[str] | None:
+    option = config.getoption("--allow-skips")
+    return None if option is None else {name for name in option.split(",") if name}
+
+
+_UNEXPECTED_AT_COLLECTION: list[str] = []
+_UNEXPECTED = pytest.StashKey[list[str]]()
+
+
+def _unexpected_skips(config: pytest.Config) -> list[str]:
+    if _allowed(config) is None:
+        return []
+    found = config.stash.setdefault(_UNEXPECTED, [])
+    found.extend(_UNEXPECTED_AT_COLLECTION)
+    _UNEXPECTED_AT_COLLECTION.clear()
+    return found
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +147,9 @@ def clean_distributed_state() -> Iterator[None]:
     changed = sorted(
         name
         for name in set(before) | set(os.environ)
-        if before.get(name) != os.environ.get(name) and name != "PYTEST_CURRENT_TEST"
+        if before.get(name) != os.environ.get(name)
+        and name != "PYTEST_CURRENT_TEST"
+        and name not in _SET_BY_TORCH
     )
     os.environ.clear()
     os.environ.update(original)

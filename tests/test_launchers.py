@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from unidist.testing import requires
-
-pytestmark = [pytest.mark.multiprocess, requires(modules=["composer", "ignite"])]
+pytestmark = pytest.mark.multiprocess
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "report_topology.py")
 BIN = Path(sys.executable).parent
@@ -121,15 +119,33 @@ ONE_RANK = [
 ]
 
 
-@pytest.mark.parametrize("adapter", ["torch", "composer", "ignite"])
-@pytest.mark.parametrize("launcher", ["torchrun", "composer", "ignite", "slurm", "unidist"])
+COMPOSER = pytest.mark.composer
+IGNITE = pytest.mark.ignite
+ADAPTERS = [
+    "torch",
+    pytest.param("composer", marks=COMPOSER),
+    pytest.param("ignite", marks=IGNITE),
+]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        "torchrun",
+        pytest.param("composer", marks=COMPOSER),
+        pytest.param("ignite", marks=IGNITE),
+        "slurm",
+        "unidist",
+    ],
+)
 def test_two_process_launchers_agree(launcher: str, adapter: str) -> None:
     reports = launch(launcher, adapter)
     assert [{k: v for k, v in r.items() if k != "adapter"} for r in reports] == TWO_RANKS
     assert {r["adapter"] for r in reports} == {adapter}
 
 
-@pytest.mark.parametrize("adapter", ["torch", "composer", "ignite"])
+@pytest.mark.parametrize("adapter", ADAPTERS)
 def test_a_plain_process_is_a_world_of_one(adapter: str) -> None:
     reports = launch("plain", adapter)
     assert [{k: v for k, v in r.items() if k != "adapter"} for r in reports] == ONE_RANK

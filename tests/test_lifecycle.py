@@ -16,14 +16,14 @@ from unidist.errors import (
     RemoteError,
     TopologyError,
 )
-from unidist.testing import DistributedTestError, requires, run_distributed
+from unidist.testing import DistributedTestError, run_distributed
 
 pytestmark = pytest.mark.multiprocess
 
 FRAMEWORKS = [
     pytest.param("torch", id="torch"),
-    pytest.param("composer", id="composer", marks=requires(modules=["composer"])),
-    pytest.param("ignite", id="ignite", marks=requires(modules=["ignite"])),
+    pytest.param("composer", id="composer", marks=pytest.mark.composer),
+    pytest.param("ignite", id="ignite", marks=pytest.mark.ignite),
 ]
 
 
@@ -46,8 +46,8 @@ def start_work_finalize(adapter: str, rounds: int) -> list[float]:
     ("adapter", "rounds"),
     [
         pytest.param("torch", 25, id="torch"),
-        pytest.param("composer", 8, id="composer", marks=requires(modules=["composer"])),
-        pytest.param("ignite", 8, id="ignite", marks=requires(modules=["ignite"])),
+        pytest.param("composer", 8, id="composer", marks=pytest.mark.composer),
+        pytest.param("ignite", 8, id="ignite", marks=pytest.mark.ignite),
     ],
 )
 def test_repeated_start_work_finalize_never_hangs(adapter: str, rounds: int) -> None:
@@ -115,7 +115,8 @@ def same_answers_through_every_adapter() -> dict[str, tuple[float, list[int], in
     return answers
 
 
-@requires(modules=["composer", "ignite"])
+@pytest.mark.composer
+@pytest.mark.ignite
 def test_use_switches_adapters_with_identical_answers() -> None:
     for answers in run_distributed(same_answers_through_every_adapter, adapter="torch"):
         assert answers == {

@@ -10,7 +10,7 @@ from torch import nn
 
 import unidist
 from unidist import lifecycle
-from unidist.testing import requires, run_distributed
+from unidist.testing import run_distributed
 
 
 def make_model(batchnorm: bool = False) -> nn.Module:
@@ -48,7 +48,7 @@ def wrap_and_step(via: str | None, sync_batchnorm: bool, parallelism: Any) -> di
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("via", [None, pytest.param("ignite", marks=requires(modules=["ignite"]))])
+@pytest.mark.parametrize("via", [None, pytest.param("ignite", marks=pytest.mark.ignite)])
 def test_auto_model_wraps_in_ddp_with_two_processes(via: str | None) -> None:
     for result in run_distributed(wrap_and_step, via, False, None, world_size=2):
         assert result["wrapper"] == "DistributedDataParallel"

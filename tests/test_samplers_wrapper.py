@@ -20,7 +20,6 @@ from unidist import (
     DistributedSamplerWrapper,
     get_sampler,
 )
-from unidist.testing import requires
 
 
 def _wrapped(inner: Any, world: int, **kw: Any) -> list[list[Any]]:
@@ -86,7 +85,7 @@ def test_wrapper_shards_the_global_order(
         assert shard == expected
 
 
-@requires(modules=["ignite"])
+@pytest.mark.ignite
 def test_wrapper_matches_ignite_proxy_index_for_index() -> None:
     from ignite.distributed.auto import DistributedProxySampler
 
@@ -223,7 +222,7 @@ def test_native_torch_sampler_matches_torch_order(length: int, world: int, drop_
         assert list(ours) == list(native)
 
 
-@requires(modules=["composer"])
+@pytest.mark.composer
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_native_composer_sampler_matches_torch_order(shuffle: bool) -> None:
     from composer.utils import dist as composer_dist
@@ -239,7 +238,7 @@ def test_native_composer_sampler_matches_torch_order(shuffle: bool) -> None:
         assert _ours_torch_order(11, 4, rank, seed=9, shuffle=shuffle) == list(native)
 
 
-@requires(modules=["ignite"])
+@pytest.mark.ignite
 def test_native_ignite_samplers() -> None:
     from ignite.distributed.auto import DistributedProxySampler
 

@@ -72,7 +72,7 @@ def _framework(module: str, extra: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        hint = f"pip install 'unidist[{extra}]'"
+        hint = f"pip install 'pytorch-unidist[{extra}]'"
         raise AdapterUnavailableError(
             f"native={extra!r} needs {extra}, which is not installed ({exc}). HINT: {hint}",
             pip_hint=hint,

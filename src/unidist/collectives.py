@@ -147,12 +147,13 @@ def _reduce_number(
         dtype, kind = torch.int64, int
     if op in ("band", "bor") and dtype == torch.float64:
         raise ConfigurationError(f"op={op!r} is bitwise and needs an int or bool, got {value!r}.")
-    try:
-        tensor = torch.tensor([value], dtype=dtype)
-    except (OverflowError, RuntimeError) as exc:
+    if dtype == torch.int64 and not -(2**63) <= value < 2**63:
+        # Checked here: torch itself raises RuntimeError (2.7) or ValueError (2.14) for this.
         raise ConfigurationError(
-            f"all_reduce cannot carry {value!r}: it does not fit in {dtype}."
-        ) from exc
+            f"all_reduce cannot carry {value!r}: it does not fit in {dtype}. HINT: reduce a "
+            "float, or split the number into parts that fit in 64 bits."
+        )
+    tensor = torch.tensor([value], dtype=dtype)
     _reduce_tensor(s, tensor, op, size, handle)
     return kind(tensor.item())
 

@@ -10,9 +10,8 @@ from torch import nn
 
 from unidist import ConfigurationError, DeviceUnavailableError
 from unidist.parallel import FSDP2Config, FSDPConfig, ParallelismConfig, TPConfig
-from unidist.testing import requires
 
-pytestmark = requires(modules=["composer"])
+pytestmark = pytest.mark.composer
 
 PLAN = {"fc1": "colwise", "fc2": "rowwise"}
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from unidist.testing import CLAUSES, ConformanceError, check_adapter, requires
+from unidist.testing import CLAUSES, ConformanceError, check_adapter
 
 pytestmark = pytest.mark.multiprocess
 
 ADAPTERS = [
     pytest.param("torch", id="torch"),
-    pytest.param(
-        "composer", id="composer", marks=[pytest.mark.composer, requires(modules=["composer"])]
-    ),
-    pytest.param("ignite", id="ignite", marks=[pytest.mark.ignite, requires(modules=["ignite"])]),
+    pytest.param("composer", id="composer", marks=pytest.mark.composer),
+    pytest.param("ignite", id="ignite", marks=pytest.mark.ignite),
 ]
 
 

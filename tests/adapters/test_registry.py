@@ -20,7 +20,7 @@ NONE = _env.read({})
 def test_builtins_are_listed_without_importing_frameworks() -> None:
     specs = registry.specs()
     assert {"torch", "composer", "ignite", "serial"} <= set(specs)
-    assert specs["composer"].pip_hint == "pip install 'unidist[composer]'"
+    assert specs["composer"].pip_hint == "pip install 'pytorch-unidist[composer]'"
     assert registry.available() == tuple(sorted(registry.available()))
     with pytest.raises(TypeError):
         specs["x"] = specs["torch"]  # type: ignore[index]  # read-only view
@@ -89,23 +89,30 @@ def test_entry_point_adapters_are_found(tmp_path: Path, monkeypatch: pytest.Monk
     assert (adapter.name, reason) == ("thirdparty", "detected: thirdparty says so")
 
 
-def test_choice_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    composer_env = _env.read(
-        {
-            "RANK": "0",
-            "WORLD_SIZE": "2",
-            "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": "2",
-            "NODE_RANK": "0",
-        }
-    )
+#: What Composer's launcher sets (NODE_RANK, no TORCHELASTIC_* variables).
+COMPOSER_ENV = {
+    "RANK": "0",
+    "WORLD_SIZE": "2",
+    "LOCAL_RANK": "0",
+    "LOCAL_WORLD_SIZE": "2",
+    "NODE_RANK": "0",
+}
+
+
+def test_choice_order() -> None:
+    composer_env = _env.read(COMPOSER_ENV)
     assert registry.choose(None, None, NONE)[0].name == "torch"
+    assert registry.choose(None, "serial", composer_env)[1] == "UNIDIST_ADAPTER=serial"
+    assert registry.choose("torch", "serial", composer_env)[0].name == "torch"
+
+
+@pytest.mark.composer
+def test_composer_launcher_is_detected() -> None:
+    composer_env = _env.read(COMPOSER_ENV)
     assert registry.choose(None, None, composer_env) == (
         registry.get("composer"),
         "detected: started by Composer's launcher (composer -n)",
     )
-    assert registry.choose(None, "ignite", composer_env)[1] == "UNIDIST_ADAPTER=ignite"
-    assert registry.choose("serial", "ignite", composer_env)[0].name == "serial"
 
 
 def test_a_live_ignite_context_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:

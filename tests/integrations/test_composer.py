@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import unidist
 from unidist.errors import ConfigurationError
 from unidist.integrations.composer import COMPOSER_REFUSAL, composer_microbatch_size
-from unidist.testing import OOMBudget, requires
+from unidist.testing import OOMBudget
 
-pytestmark = requires(modules=["composer"])
+pytestmark = pytest.mark.composer
 
 
 def test_plain_translations(monkeypatch: pytest.MonkeyPatch) -> None:

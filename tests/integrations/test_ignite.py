@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import unidist
 from unidist.errors import ConfigurationError
-from unidist.testing import OOMBudget, requires, run_distributed
+from unidist.testing import OOMBudget, run_distributed
 
-pytestmark = requires(modules=["ignite"])
+pytestmark = pytest.mark.ignite
 
 F64 = torch.float64
 

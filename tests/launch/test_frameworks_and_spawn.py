@@ -11,7 +11,6 @@ import pytest
 
 import unidist
 from unidist.errors import LaunchError
-from unidist.testing import requires
 
 pytestmark = pytest.mark.multiprocess
 
@@ -28,7 +27,7 @@ def launch(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-@requires(modules=["composer"])
+@pytest.mark.composer
 def test_a_composer_trainer_runs_under_unidist_launch(tmp_path: Path) -> None:
     done = launch("-n", "2", str(SCRIPTS / "composer_trainer.py"), tmp=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -38,7 +37,7 @@ def test_a_composer_trainer_runs_under_unidist_launch(tmp_path: Path) -> None:
         ) in done.stdout
 
 
-@requires(modules=["ignite"])
+@pytest.mark.ignite
 def test_an_ignite_engine_runs_under_unidist_launch(tmp_path: Path) -> None:
     done = launch("-n", "2", str(SCRIPTS / "ignite_engine.py"), tmp=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

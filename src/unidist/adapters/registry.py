@@ -87,14 +87,14 @@ _BUILTINS = (
         "unidist.adapters.composer:ComposerAdapter",
         "composer",
         "mosaicml",
-        "pip install 'unidist[composer]'",
+        "pip install 'pytorch-unidist[composer]'",
     ),
     AdapterSpec(
         "ignite",
         "unidist.adapters.ignite:IgniteAdapter",
         "ignite",
         "pytorch-ignite",
-        "pip install 'unidist[ignite]'",
+        "pip install 'pytorch-unidist[ignite]'",
     ),
     AdapterSpec("serial", "unidist.adapters.serial:SerialAdapter"),
     AdapterSpec(

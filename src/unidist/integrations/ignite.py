@@ -201,7 +201,7 @@ def _require_ignite() -> None:
     except ImportError as exc:
         raise AdapterUnavailableError(
             "unidist.integrations.ignite needs pytorch-ignite, which is not installed.",
-            pip_hint="pip install 'unidist[ignite]'",
+            pip_hint="pip install 'pytorch-unidist[ignite]'",
         ) from exc
 
 
