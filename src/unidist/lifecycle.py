@@ -12,6 +12,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from unidist import _env, _state
+from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.adapters import registry
 from unidist.errors import ConfigurationError, TopologyError, translate_errors
 
@@ -289,7 +290,7 @@ def finalize() -> None:
     if active is None:
         return
     try:
-        if active.torch_backed:
+        if active.torch_backed and GLOO_TEARDOWN_DEADLOCK.present():
             _release_gil_briefly()
             if not active.owns_group and active.control is not None:
                 import torch.distributed as dist
@@ -301,12 +302,13 @@ def finalize() -> None:
 
 
 def _release_gil_briefly() -> None:
-    """Let gloo's worker threads finish before its process group is destroyed.
+    """Let gloo's worker threads finish before its process group is destroyed (torch < 2.8).
 
-    torch 2.7's ``ProcessGroupGloo`` destructor joins its worker threads while holding the GIL
-    (fixed upstream after 2.7.0 by pytorch PR #154976). A worker that is still releasing a finished
-    collective may drop the last reference to a tensor whose Python object it must free, which
-    needs the GIL: a deadlock. Sleeping releases the GIL, so those workers finish first.
+    torch < 2.8's ``ProcessGroupGloo`` destructor joins its worker threads while holding the GIL
+    (fixed by pytorch PR #154976, first released in 2.8; see :mod:`unidist._workarounds`). A
+    worker that is still releasing a finished collective may drop the last reference to a tensor
+    whose Python object it must free, which needs the GIL: a deadlock. Sleeping releases the GIL,
+    so those workers finish first.
     """
     gc.collect()
     time.sleep(_GLOO_DRAIN_SECONDS)
@@ -350,10 +352,11 @@ def available_backends() -> tuple[str, ...]:
         "xccl": "is_xccl_available",
     }
     built = [name for name, check in checks.items() if getattr(dist, check, lambda: False)()]
+    # "fake" (which newer torch registers for its own tests) moves no data: not a real backend.
     plugins = [
         name
         for name in dist.Backend.backend_list
-        if name not in checks and name != dist.Backend.UNDEFINED
+        if name not in checks and name not in (dist.Backend.UNDEFINED, "fake")
     ]
     return (*built, *plugins)
 

@@ -11,7 +11,7 @@ them to name the culprit. Each rank also:
   KeyboardInterrupt that cannot be delivered (a script's own signal handler still wins);
 * asks Linux to kill it if the launcher itself dies (no orphans);
 * exports ``NODE_RANK`` (torch's agent only sets ``GROUP_RANK``) for Composer's ``dist``;
-* works around torch 2.7's gloo destructor deadlock (see :func:`_defer_group_destruction`).
+* works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`).
 """
 
 from __future__ import annotations
@@ -89,10 +89,11 @@ def _defer_group_destruction() -> None:
     """
     import atexit
 
-    import torch
     import torch.distributed as dist
 
-    if tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 8):
+    from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+
+    if not GLOO_TEARDOWN_DEADLOCK.present():
         return
     original = dist.destroy_process_group
 

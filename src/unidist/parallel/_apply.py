@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from unidist._workarounds import GLOO_NO_AVG_ALL_REDUCE
 from unidist.errors import ConfigurationError
 from unidist.parallel._checks import wrap_classes
 from unidist.parallel._gloo import correct_gloo_averaging
@@ -153,7 +154,7 @@ def _ddp(config: DDPConfig, model: torch.nn.Module, where: torch.device) -> torc
 
 
 def refuse_cpu_sync_batchnorm(where: torch.device) -> None:
-    """Raise before DDP does: torch 2.7's DDP rejects SyncBatchNorm in CPU modules."""
+    """Raise before DDP does: torch's DDP rejects SyncBatchNorm in CPU modules."""
     if where.type == "cpu":
         raise ConfigurationError(
             "sync_batchnorm=True on the CPU: torch's DDP refuses SyncBatchNorm in CPU modules "
@@ -234,14 +235,16 @@ def _fsdp2(
 ) -> None:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if degrees.replicate > 1 and where.type == "cpu":
+    if degrees.replicate > 1 and where.type == "cpu" and GLOO_NO_AVG_ALL_REDUCE.present():
+        import torch
         import torch.distributed as dist
 
         if "gloo" in str(dist.get_backend()):
             raise ConfigurationError(
-                f"FSDP2 with replicate_degree={degrees.replicate} (HSDP) cannot run over gloo: "
-                "torch 2.7's fully_shard averages the replicas with ReduceOp.AVG, which gloo "
-                "does not implement. HINT: use nccl on GPUs, or replicate_degree=1 on the CPU."
+                f"FSDP2 with replicate_degree={degrees.replicate} (HSDP) cannot run over gloo "
+                f"with torch {torch.__version__}: fully_shard averages the replicas with "
+                "ReduceOp.AVG, which gloo implements from torch 2.8 on. HINT: use nccl on GPUs, "
+                "replicate_degree=1 on the CPU, or torch >= 2.8."
             )
     classes = wrap_classes(config.wrap, model)
     dtypes = _dtypes(config.mixed_precision)
@@ -257,4 +260,4 @@ def _fsdp2(
         if module is not model and classes and isinstance(module, classes):
             fully_shard(module, **options)
     fully_shard(model, **options)
-    correct_gloo_averaging(model)  # torch 2.7's gloo sums FSDP2's averages (see _gloo.py)
+    correct_gloo_averaging(model)  # gloo of torch < 2.9 sums FSDP2's averages (see _gloo.py)

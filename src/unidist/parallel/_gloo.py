@@ -1,16 +1,19 @@
-"""Correct FSDP2's gradient average over gloo (torch 2.7 sums instead, pytorch/pytorch#162338).
+"""Correct FSDP2's gradient average over gloo (torch < 2.9 sums instead, pytorch#162338).
 
 FSDP2 reduce-scatters fp32/bf16 gradients with ``ReduceOp.AVG`` and leaves the division to the
-collective. torch 2.7's gloo ignores AVG in ``reduce_scatter_tensor`` and sums, so every gradient
-comes out ``shard world size`` times too large, silently. Whether the backend does this is
-probed with one tiny collective (a fixed torch is left alone); where it does, an FSDP2
-all-reduce hook (a public ``FSDPModule`` API) divides the reduced shard before it becomes the
-gradient. fp16 reductions are pre/post-divided and summed by FSDP2 itself, so the hook skips them.
+collective. The gloo of torch < 2.9 ignores AVG in ``reduce_scatter_tensor`` and sums (see
+:mod:`unidist._workarounds`), so every gradient comes out ``shard world size`` times too large,
+silently. On those releases, whether the backend does this is probed with one tiny collective;
+where it does, an FSDP2 all-reduce hook (a public ``FSDPModule`` API) divides the reduced shard
+before it becomes the gradient. A fixed torch is left alone without a probe. fp16 reductions are
+pre/post-divided and summed by FSDP2 itself, so the hook skips them.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from unidist._workarounds import GLOO_AVG_SUMS
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +67,7 @@ def _averages_are_summed(group: Any, size: int) -> bool:
     import torch
     import torch.distributed as dist
 
-    if size == 1 or "gloo" not in str(dist.get_backend(group)):
+    if not GLOO_AVG_SUMS.present() or size == 1 or "gloo" not in str(dist.get_backend(group)):
         return False
     result = torch.empty(1)
     try:

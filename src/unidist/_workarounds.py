@@ -1,0 +1,101 @@
+"""The torch bugs unidist works around, and the torch versions each one applies to.
+
+Every workaround in unidist asks :meth:`TorchBug.present` before it acts, so it is active only on
+the torch releases that have the bug, and it can be deleted once the supported floor passes
+``fixed_in``. Each bug has two tests (``tests/test_workarounds.py``): on an affected torch the
+workaround works; on a fixed torch the bug is absent without it.
+
+========================  ====================  ===========================================
+bug                       affected torch        worked around in
+========================  ====================  ===========================================
+gloo teardown deadlock    < 2.8                 ``lifecycle.finalize`` (GIL released before
+(pytorch PR #154976)                            the destroy), ``launch._rank`` (destroyed
+                                                groups kept until a GIL-released exit)
+gloo AVG sums             < 2.9                 ``parallel._gloo`` (an FSDP2 all-reduce hook
+(pytorch#162338)                                divides the reduce-scatter result)
+gloo has no AVG           < 2.8                 ``parallel._apply`` (FSDP2 HSDP over gloo is
+all-reduce (PR #149781)                         refused up front instead of failing in
+                                                backward)
+========================  ====================  ===========================================
+
+The releases were measured on this project's machines (``tests/test_workarounds.py`` in the
+pinned and latest environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0 and
+2.11.0): the deadlock hung 5 of 5 runs of 10 rounds on 2.7.0 and 0 of 5 on 2.8.0 and every later
+release tried; reduce_scatter AVG summed on 2.4.1 to 2.8.0 and averaged from 2.9.0 on;
+all_reduce AVG was refused up to 2.7.0 and worked from 2.8.0 on.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "GLOO_AVG_SUMS",
+    "GLOO_NO_AVG_ALL_REDUCE",
+    "GLOO_TEARDOWN_DEADLOCK",
+    "TORCH_BUGS",
+    "TorchBug",
+    "torch_version",
+]
+
+
+def torch_version(text: str | None = None) -> tuple[int, int]:
+    """(major, minor) of ``text`` or of the installed torch (``"2.7.0+cu126"`` -> ``(2, 7)``)."""
+    if text is None:
+        import torch
+
+        text = str(torch.__version__)
+    found = re.match(r"(\d+)\.(\d+)", text)
+    if found is None:
+        raise ValueError(f"cannot read a torch version from {text!r}")
+    return int(found[1]), int(found[2])
+
+
+@dataclass(frozen=True)
+class TorchBug:
+    """One upstream torch bug that unidist works around.
+
+    Attributes:
+        name: short name, used in docs and ``unidist probe``.
+        upstream: the upstream issue or pull request.
+        summary: what goes wrong, in one sentence.
+        fixed_in: the first torch release (major, minor) without the bug.
+    """
+
+    name: str
+    upstream: str
+    summary: str
+    fixed_in: tuple[int, int]
+
+    def present(self, version: str | None = None) -> bool:
+        """Whether torch ``version`` (default: the installed one) has the bug."""
+        return torch_version(version) < self.fixed_in
+
+    @property
+    def affected(self) -> str:
+        """The affected releases, in words (``"torch < 2.8"``)."""
+        return f"torch < {self.fixed_in[0]}.{self.fixed_in[1]}"
+
+
+GLOO_TEARDOWN_DEADLOCK = TorchBug(
+    "gloo teardown deadlock",
+    "pytorch PR #154976",
+    "ProcessGroupGloo's destructor joins its worker threads with the GIL held; a worker that "
+    "needs the GIL to free a tensor deadlocks destroy_process_group()",
+    (2, 8),
+)
+GLOO_AVG_SUMS = TorchBug(
+    "gloo AVG sums",
+    "pytorch#162338",
+    "gloo's reduce_scatter_tensor(op=AVG) returns the sum, so FSDP2 on CPU gets gradients "
+    "world-size times too large, silently",
+    (2, 9),
+)
+GLOO_NO_AVG_ALL_REDUCE = TorchBug(
+    "gloo has no AVG all-reduce",
+    "pytorch PR #149781 (ProcessGroupGloo: support ReduceOp::AVG)",
+    "gloo's all_reduce refuses ReduceOp.AVG, which FSDP2 uses across the replicas of HSDP",
+    (2, 8),
+)
+TORCH_BUGS = (GLOO_TEARDOWN_DEADLOCK, GLOO_AVG_SUMS, GLOO_NO_AVG_ALL_REDUCE)
