@@ -1,6 +1,7 @@
 """Per-call cost of unidist's collectives against raw torch.distributed, 2 gloo ranks.
 
     python bench/collectives.py [--rounds 15]
+    python bench/collectives.py --quick    # 3 rounds: checks that it runs (the test command)
 
 Both sides run in the same two processes, interleaved in alternating blocks (raw, unidist, raw,
 ...) so drift on a shared machine hits both alike. Each block is preceded by a barrier; the table
@@ -69,7 +70,10 @@ def measure(rounds: int) -> list[tuple[str, str, float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=31)
+    parser.add_argument("--quick", action="store_true", help="3 rounds (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds = 3
     from unidist.testing import run_distributed
 
     per_rank = run_distributed(measure, args.rounds, world_size=2, timeout=900, adapter="torch")

@@ -15,7 +15,8 @@ five times what fits, after calibrating how much memory a sample takes. Then it 
 * the step time is within 3% of hand-written accumulation (a goal, reported separately).
 
 Without a GPU it says so and exits with status 0. ``--simulate`` runs the same flow on CPU with
-``unidist.testing.OOMBudget`` instead of a memory cap (to test this script without a GPU).
+``unidist.testing.OOMBudget`` instead of a memory cap (to test this script without a GPU);
+``--quick`` is ``--simulate`` with two timed steps, which the test command runs.
 Exit status: 0 when every check passes (goals do not count), 1 otherwise.
 """
 
@@ -325,7 +326,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per contender")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per wait")
     parser.add_argument("--simulate", action="store_true", help="CPU dry run with OOMBudget")
+    parser.add_argument("--quick", action="store_true", help="--simulate, 2 steps (smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.simulate, args.steps = True, 2
     if not args.simulate and not torch.cuda.is_available():
         print("No CUDA GPU is visible, so there is nothing to measure: run this on a GPU machine.")
         print("(`--simulate` runs the same flow on CPU with simulated OOMs.)")

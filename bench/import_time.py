@@ -1,6 +1,7 @@
 """Import time of unidist against torch and the frameworks it adapts, each in a fresh process.
 
     python bench/import_time.py [--repeat 7]
+    python bench/import_time.py --quick    # one cold run each: checks that it runs (test command)
 
 Each statement runs in a new interpreter `--repeat` times (after one warm-up run that fills the
 OS file cache); the table shows the median wall time and the ratio to `import unidist`.
@@ -27,9 +28,10 @@ STATEMENTS = {
 }
 
 
-def measure(statement: str, repeat: int) -> float:
+def measure(statement: str, repeat: int, warm: bool = True) -> float:
     command = [sys.executable, "-c", statement]
-    subprocess.run(command, check=True)  # warm the file cache
+    if warm:
+        subprocess.run(command, check=True)  # warm the file cache
     times = []
     for _ in range(repeat):
         started = time.perf_counter()
@@ -41,9 +43,13 @@ def measure(statement: str, repeat: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="one run each (a smoke run)")
     args = parser.parse_args()
-    baseline = measure("pass", args.repeat)
-    results = {name: measure(stmt, args.repeat) for name, stmt in STATEMENTS.items()}
+    if args.quick:
+        args.repeat = 1
+    warm = not args.quick
+    baseline = measure("pass", args.repeat, warm)
+    results = {name: measure(stmt, args.repeat, warm) for name, stmt in STATEMENTS.items()}
     unidist_cost = results["import unidist"] - baseline
     rows = [
         (name, seconds, seconds - baseline, (seconds - baseline) / unidist_cost)

@@ -1,6 +1,7 @@
 """Launchers side by side: wall time of a trivial 2-rank job, and time from a failure to exit.
 
     python bench/launch.py [--repeat 5]
+    python bench/launch.py --quick     # one round: checks that it runs (the test command)
 
 Each launcher runs bench/scripts/trivial.py (init, barrier, all_reduce, exit) with 2 processes
 on this machine, interleaved round by round so drift hits all alike; the table shows the median
@@ -69,7 +70,10 @@ def once(command: list[str], fail: str | None) -> tuple[float | None, int, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one round (a smoke run)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeat = 1
     walls: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     to_exit: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     codes: dict[str, set[int]] = {name: set() for name in LAUNCHERS}

@@ -1,6 +1,6 @@
 """One rank's epoch of indices: unidist's samplers against torch's, Composer's and Ignite's.
 
-    python bench/samplers.py --quick   # N = 10^6 and 10^7
+    python bench/samplers.py --quick   # N = 10^5 and 10^6: checks that it runs (the test command)
     python bench/samplers.py           # N = 10^7 and 10^8 (the peers need ~5-9 GB and minutes)
 
 For each dataset size N, rank 0 of world size 8 draws one full epoch of shuffled indices from
@@ -149,7 +149,7 @@ def _ratio(peer: dict[str, Any] | None, ours: dict[str, Any], key: str, floor: f
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 10^6 and 10^7 only")
+    parser.add_argument("--quick", action="store_true", help="N = 10^5 and 10^6 only (a smoke run)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
     parser.add_argument("--only", nargs="*", help="contender keys to run (default: all)")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
@@ -158,7 +158,7 @@ def main() -> int:
         print(json.dumps(_worker(args.worker[0], int(args.worker[1]))))
         return 0
 
-    sizes = [10**6, 10**7] if args.quick else [10**7, 10**8]
+    sizes = [10**5, 10**6] if args.quick else [10**7, 10**8]
     chosen = {n: k for n, k in CONTENDERS.items() if not args.only or k in args.only}
     header = ["N", "sampler (rank 0 of 8)", "first index s", "epoch s", "cpu s", "peak MiB"]
     rows = [[*header, "faster", "faster (cpu)", "less memory"]]
