@@ -23,7 +23,6 @@ import torch
 from torch.utils.data import IterableDataset
 
 from unidist import ranks
-from unidist._native import native_sampler
 from unidist._passes import PassSampler, check_flag, check_int
 from unidist._permute import (
     MASK64,
@@ -34,6 +33,7 @@ from unidist._permute import (
     round_keys,
     shuffled_order,
 )
+from unidist._sampling.native import native_sampler
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -378,7 +378,14 @@ def get_sampler(
                 "HINT: use native=False for exact-once evaluation."
             )
         return native_sampler(
-            native, dataset, sampler, shuffle is not False, drop_last, seed, me, world
+            native,
+            dataset,
+            sampler,
+            shuffle=shuffle is not False,
+            drop_last=drop_last,
+            seed=seed,
+            rank=me,
+            world=world,
         )
     if sampler is not None:
         return DistributedSamplerWrapper(

@@ -12,19 +12,14 @@ from typing import TYPE_CHECKING, Any
 from unidist.errors import ConfigurationError
 from unidist.parallel._checks import wrap_classes
 from unidist.parallel._gloo import correct_gloo_averaging
-from unidist.parallel.config import MESH_DIM_NAMES, DDPConfig
+from unidist.parallel.strategies import MESH_DIM_NAMES, DDPConfig
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from unidist.parallel.config import (
-        Degrees,
-        FSDP2Config,
-        FSDPConfig,
-        ParallelismConfig,
-        TPConfig,
-    )
+    from unidist.parallel.config import ParallelismConfig
+    from unidist.parallel.strategies import Degrees, FSDP2Config, FSDPConfig, TPConfig
 
 __all__ = ["apply", "refuse_cpu_sync_batchnorm", "tp_plan"]
 
