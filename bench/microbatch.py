@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
-from unidist import _state, collectives
+from unidist import lifecycle, sync
 from unidist.testing import OOMBudget, run_distributed
 
 WIDTH, FEATURES, CLASSES = 1024, 256, 10
@@ -103,7 +103,7 @@ def timing(batch_size: int, size: int, rounds: int, tiny: bool = False) -> dict[
     orders = list(itertools.permutations(models))  # every contender in every position equally
     for r in range(rounds + 2):  # the first two rounds warm up
         for name in orders[r % len(orders)]:
-            collectives.barrier()
+            sync.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
             if name == "hand":
                 hand_written(models[name], opts[name], data[r % 4], size)
@@ -152,20 +152,20 @@ def settling(batch_size: int, budgets: list[int]) -> list[dict[str, Any]]:
 
 def agreement_costs(rounds: int) -> dict[str, float]:
     """Microseconds per vote (store exchange over every rank) and per flag lookup."""
-    session = _state.session("bench")
+    flag = sync.Flag(lifecycle.session_for("bench"), "bench", "never")
     world = range(unidist.get_world_size())
-    collectives.barrier()
+    sync.barrier()
     start = time.perf_counter()
     for _ in range(rounds):
-        collectives.exchange(("ok", 32, 256, "", ()), True, world, 30, "bench vote")
+        sync.exchange(("ok", 32, 256, "", ()), True, world, 30, "bench vote")
     vote = (time.perf_counter() - start) / rounds
     lookup = 0.0
-    if session.plane is not None:
+    if flag.usable:
         start = time.perf_counter()
         for _ in range(rounds):
-            session.plane.flag_is_raised("bench/never")
+            flag.is_raised()
         lookup = (time.perf_counter() - start) / rounds
-    collectives.barrier()
+    sync.barrier()
     return {"vote_us": 1e6 * vote, "lookup_us": 1e6 * lookup}
 
 

@@ -38,7 +38,6 @@ from unidist.errors import (
 from unidist.groups import Group, new_group
 from unidist.lifecycle import (
     available_adapters,
-    available_backends,
     backend,
     current_adapter,
     finalize,
@@ -78,6 +77,7 @@ _LAZY: dict[str, str] = {
     "auto_dataloader": "unidist.data",
     "auto_model": "unidist.placement",
     "auto_optim": "unidist.placement",
+    "available_backends": "unidist.devices",
     "default_backend": "unidist.devices",
     "device": "unidist.devices",
     "gather_in_order": "unidist.data",
@@ -89,7 +89,7 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from unidist.data import StatefulDataLoader, auto_dataloader, gather_in_order
-    from unidist.devices import default_backend, device
+    from unidist.devices import available_backends, default_backend, device
     from unidist.hardware import probe
     from unidist.launch.spawn import spawn
     from unidist.placement import auto_model, auto_optim

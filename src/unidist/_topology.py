@@ -107,6 +107,17 @@ class EnvReading:
             launcher=self.launcher,
         )
 
+    def require(self, name: str) -> int:
+        """The local field ``name`` (``local_rank``, ...), or :class:`TopologyError` if unknown."""
+        value: int | None = getattr(self, name)
+        if value is None:
+            raise TopologyError(
+                f"{name} is unknown: the {self.launcher!r} environment does not set it and "
+                "unidist.initialize() has not worked it out yet. HINT: call unidist.initialize() "
+                "on every rank first, or set LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK."
+            )
+        return value
+
     def with_topology(self, topology: Topology, note: str) -> EnvReading:
         """A copy whose topology fields are replaced, with a note saying why."""
         return replace(

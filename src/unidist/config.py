@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any, TextIO
 
-from unidist import _env, _state, lifecycle
+from unidist import _env, _state, devices, lifecycle
 from unidist.adapters import registry
 from unidist.errors import UnidistError
 
@@ -52,7 +52,7 @@ def describe() -> dict[str, Any]:
         for name, spec in sorted(registry.specs().items())
     }
     info["torch"] = _torch_version()
-    info["backends"] = list(lifecycle.available_backends())
+    info["backends"] = list(devices.available_backends())
     info["initialized"] = lifecycle.is_initialized()
     return info
 

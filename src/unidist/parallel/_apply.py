@@ -96,9 +96,9 @@ def _refuse_wrapped(model: Any) -> None:
 
 
 def _require_torch_group() -> None:
-    from unidist import _state
+    from unidist import lifecycle
 
-    session = _state.session("wrapping the model for data parallelism")
+    session = lifecycle.session_for("wrapping the model for data parallelism")
     if not session.torch_backed:
         raise ConfigurationError(
             f"the {session.adapter.name!r} adapter does not run on torch.distributed, which "
