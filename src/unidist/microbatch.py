@@ -16,7 +16,8 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
 3. At the end of the attempt every rank publishes ``ok``/``oom``/``aborted``/``error`` through
    the control store (``session.plane``, not the device or NCCL; without one, over the gloo
    control group) and reads everyone's. Identical inputs give identical decisions everywhere.
-4. All ``ok``: gradients are averaged by hand over DDP's group (see :mod:`unidist._gradsync`).
+4. All ``ok``: gradients are averaged by hand over DDP's group (see
+   :mod:`unidist._microbatch.gradsync`).
    Any ``error``: that rank re-raises its error, the others raise :class:`~unidist.RemoteError`
    naming it. Otherwise: shrink (or raise :class:`~unidist.MicrobatchOOMError` at the minimum
    size) and retry the same batch; buffers (BatchNorm statistics) are restored first, so no
@@ -35,10 +36,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from unidist import _env, lifecycle, sync
-from unidist._gradsync import GradientAverager, inspect_model
-from unidist._microbatch_policy import SizeChange, SizePolicy, SizeTracker, Vote
-from unidist._oom import free_memory, is_oom
-from unidist._split import batch_size, detached, split_batch, unpack_loss
+from unidist._microbatch.gradsync import GradientAverager, inspect_model
+from unidist._microbatch.memory import free_memory, is_oom
+from unidist._microbatch.policy import SizeChange, SizePolicy, SizeTracker, Vote
+from unidist._microbatch.split import batch_size, detached, split_batch, unpack_loss
 from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:

@@ -23,8 +23,9 @@ import torch
 from torch.utils.data import IterableDataset
 
 from unidist import ranks
-from unidist._passes import PassSampler, check_flag, check_int
-from unidist._permute import (
+from unidist._sampling.native import native_sampler
+from unidist._sampling.passes import PassSampler, check_flag, check_int
+from unidist._sampling.permute import (
     MASK64,
     IdentityOrder,
     Order,
@@ -33,7 +34,6 @@ from unidist._permute import (
     round_keys,
     shuffled_order,
 )
-from unidist._sampling.native import native_sampler
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import torch
 
 import unidist
 from tests.test_cli import run_cli
-from unidist.hardware import format_probe, show_probe
+from unidist.diagnostics import format_probe, show_probe
 
 OPT_STR = (str, type(None))
 OPT_INT = (int, type(None))

@@ -1,4 +1,4 @@
-"""The only module that reads (or writes) environment variables, and parses unidist's settings.
+"""The only package that reads (or writes) environment variables, and parses unidist's settings.
 
 :func:`read` turns the variables of whatever started this process into one frozen
 :class:`EnvReading`: torchrun/torchelastic, ``unidist launch``, Composer's launcher, Ignite's
@@ -8,6 +8,10 @@
 
 Precedence: the torch variables (``RANK``/``WORLD_SIZE``/...) win over SLURM and MPI, because a
 torch launcher started inside an allocation (``srun torchrun ...``) sets them for its workers.
+
+:mod:`unidist._env.topology` holds the values (:class:`Topology`, :class:`EnvReading`) and the
+checks every launcher's values pass; :mod:`unidist._env.schedulers` parses SLURM's and MPI's
+variables. Only this module touches ``os.environ`` (ruff's banned-API rule enforces it).
 """
 
 from __future__ import annotations
@@ -18,18 +22,31 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-from unidist._schedulers import MPI_FLAVOURS, expand_hostlist, from_mpi, from_slurm, is_srun_step
-from unidist._topology import EnvReading, Topology, finish, int_var, port_var
+from unidist._env.schedulers import (
+    MPI_FLAVOURS,
+    expand_hostlist,
+    from_mpi,
+    from_slurm,
+    is_srun_step,
+)
+from unidist._env.topology import EnvReading, Topology, finish, int_var, port_var
 from unidist.errors import ConfigurationError, TopologyError
 
 __all__ = [
     "EnvReading",
+    "LAUNCHER_MARKER",
     "Settings",
     "Topology",
+    "current",
     "expand_hostlist",
+    "is_set",
     "patched",
     "read",
     "read_settings",
+    "replace_all",
+    "restore",
+    "set_variables",
+    "snapshot",
     "timeout_seconds",
 ]
 

@@ -3,7 +3,7 @@
 :class:`Topology` is what users get; :class:`EnvReading` is what one launcher's variables say
 (local values may be unknown until :func:`unidist.initialize` asks the other ranks).
 :func:`finish` checks ranges and cross-field consistency and derives what the values imply; every
-parser in :mod:`unidist._env` and :mod:`unidist._schedulers` ends with it.
+parser in :mod:`unidist._env` and :mod:`unidist._env.schedulers` ends with it.
 """
 
 from __future__ import annotations
