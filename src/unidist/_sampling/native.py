@@ -9,6 +9,7 @@ integration.
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unidist import _state
@@ -17,55 +18,59 @@ from unidist.errors import ConfigurationError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["FRAMEWORKS", "native_sampler", "no_sampler_wrapper", "torch_sampler"]
+__all__ = ["FRAMEWORKS", "SamplerRequest", "native_sampler", "no_sampler_wrapper", "torch_sampler"]
 
 #: Frameworks whose own sampler ``native=`` can name, besides ``"torch"``.
 FRAMEWORKS = ("composer", "ignite")
 
 
+@dataclass(frozen=True)
+class SamplerRequest:
+    """What ``get_sampler(native=...)`` asks of a framework's own sampler.
+
+    Each integration's ``native_sampler(request)`` takes one of these.
+    """
+
+    dataset: Any
+    sampler: Any
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    rank: int
+    world: int
+
+
 def native_sampler(
-    which: bool | str,
-    dataset: Any,
-    sampler: Any,
-    *,
-    shuffle: bool,
-    drop_last: bool,
-    seed: int,
-    rank: int,
-    world: int,
+    which: bool | str, request: SamplerRequest
 ) -> torch.utils.data.DistributedSampler[Any]:
     """torch's, Composer's or Ignite's sampler (``which=True``: the running adapter's)."""
     if which is True:
         session = _state.current()
         name = session.adapter.name if session is not None else "torch"
         which = name if name in FRAMEWORKS else "torch"
-    options: dict[str, Any] = {
-        "shuffle": shuffle,
-        "drop_last": drop_last,
-        "seed": seed,
-        "rank": rank,
-        "world": world,
-    }
     if which in FRAMEWORKS:
         integration = importlib.import_module(f"unidist.integrations.{which}")
-        return integration.native_sampler(dataset, sampler, **options)  # type: ignore[no-any-return]
-    if sampler is not None:
+        return integration.native_sampler(request)  # type: ignore[no-any-return]
+    if request.sampler is not None:
         raise no_sampler_wrapper(which)
     if which == "torch":
-        return torch_sampler(dataset, **options)
+        return torch_sampler(request)
     raise ConfigurationError(
         f"native={which!r} is not one of True, False, 'torch', 'composer', 'ignite'."
     )
 
 
-def torch_sampler(
-    dataset: Any, *, shuffle: bool, drop_last: bool, seed: int, rank: int, world: int
-) -> torch.utils.data.DistributedSampler[Any]:
-    """``torch.utils.data.DistributedSampler`` for this rank."""
+def torch_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampler[Any]:
+    """``torch.utils.data.DistributedSampler`` for the request's dataset."""
     import torch
 
     return torch.utils.data.DistributedSampler(
-        dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        request.dataset,
+        num_replicas=request.world,
+        rank=request.rank,
+        shuffle=request.shuffle,
+        seed=request.seed,
+        drop_last=request.drop_last,
     )
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from unidist import devices
-from unidist._sampling.native import no_sampler_wrapper
+from unidist._sampling.native import SamplerRequest, no_sampler_wrapper
 from unidist.errors import ConfigurationError
 from unidist.integrations import import_framework
 from unidist.microbatch import MicroBatcher, SizePolicy
@@ -349,25 +349,21 @@ def _device_name(device: Any) -> str:
 # -- samplers ----------------------------------------------------------------------------------
 
 
-def native_sampler(
-    dataset: Any,
-    sampler: Any,
-    *,
-    shuffle: bool,
-    drop_last: bool,
-    seed: int,
-    rank: int,
-    world: int,
-) -> torch.utils.data.DistributedSampler[Any]:
+def native_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampler[Any]:
     """Composer's ``dist.get_sampler`` (``unidist.get_sampler(native="composer")``).
 
     Raises:
         ConfigurationError: ``sampler`` is given: Composer has no sampler wrapper.
         AdapterUnavailableError: Composer is not installed.
     """
-    if sampler is not None:
+    if request.sampler is not None:
         raise no_sampler_wrapper("composer")
     cdist = import_framework("composer.utils.dist", "composer", "native='composer'")
     return cdist.get_sampler(  # type: ignore[no-any-return]
-        dataset, drop_last=drop_last, shuffle=shuffle, num_replicas=world, rank=rank, seed=seed
+        request.dataset,
+        drop_last=request.drop_last,
+        shuffle=request.shuffle,
+        num_replicas=request.world,
+        rank=request.rank,
+        seed=request.seed,
     )

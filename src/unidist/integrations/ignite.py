@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from unidist import devices, lifecycle
-from unidist._sampling.native import torch_sampler
+from unidist._sampling.native import SamplerRequest, torch_sampler
 from unidist.errors import AdapterUnavailableError, ConfigurationError
 from unidist.integrations import import_framework
 from unidist.microbatch import MicroBatcher, SizePolicy
@@ -315,16 +315,7 @@ def _concat(parts: list[Any]) -> Any:
 # -- samplers ----------------------------------------------------------------------------------
 
 
-def native_sampler(
-    dataset: Any,
-    sampler: Any,
-    *,
-    shuffle: bool,
-    drop_last: bool,
-    seed: int,
-    rank: int,
-    world: int,
-) -> torch.utils.data.DistributedSampler[Any]:
+def native_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampler[Any]:
     """What Ignite's ``auto_dataloader`` injects (``unidist.get_sampler(native="ignite")``).
 
     torch's ``DistributedSampler`` for a dataset; ``DistributedProxySampler`` around ``sampler``.
@@ -333,14 +324,14 @@ def native_sampler(
         ConfigurationError: ``drop_last`` with ``sampler``: Ignite's proxy always pads.
         AdapterUnavailableError: Ignite is not installed (only needed with ``sampler``).
     """
-    if sampler is None:  # Ignite's auto_dataloader injects torch's sampler for datasets
-        return torch_sampler(
-            dataset, shuffle=shuffle, drop_last=drop_last, seed=seed, rank=rank, world=world
-        )
-    if drop_last:
+    if request.sampler is None:  # Ignite's auto_dataloader injects torch's sampler for datasets
+        return torch_sampler(request)
+    if request.drop_last:
         raise ConfigurationError(
             "Ignite's DistributedProxySampler always pads; it has no drop_last. "
             "HINT: use native=False (unidist's DistributedSamplerWrapper) to drop the tail."
         )
     auto = import_framework("ignite.distributed.auto", "ignite", "native='ignite'")
-    return auto.DistributedProxySampler(sampler, num_replicas=world, rank=rank)  # type: ignore[no-any-return]
+    return auto.DistributedProxySampler(  # type: ignore[no-any-return]
+        request.sampler, num_replicas=request.world, rank=request.rank
+    )
