@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
-from unidist import _state, sync
+from unidist import lifecycle, sync
 from unidist.testing import OOMBudget, run_distributed
 
 WIDTH, FEATURES, CLASSES = 1024, 256, 10
@@ -103,7 +103,7 @@ def timing(batch_size: int, size: int, rounds: int, tiny: bool = False) -> dict[
     orders = list(itertools.permutations(models))  # every contender in every position equally
     for r in range(rounds + 2):  # the first two rounds warm up
         for name in orders[r % len(orders)]:
-            unidist.barrier()
+            sync.barrier()
             start, start_cpu = time.perf_counter(), time.process_time()
             if name == "hand":
                 hand_written(models[name], opts[name], data[r % 4], size)
@@ -152,20 +152,20 @@ def settling(batch_size: int, budgets: list[int]) -> list[dict[str, Any]]:
 
 def agreement_costs(rounds: int) -> dict[str, float]:
     """Microseconds per vote (store exchange over every rank) and per flag lookup."""
-    session = _state.session("bench")
+    flag = sync.Flag(lifecycle.session_for("bench"), "bench", "never")
     world = range(unidist.get_world_size())
-    unidist.barrier()
+    sync.barrier()
     start = time.perf_counter()
     for _ in range(rounds):
         sync.exchange(("ok", 32, 256, "", ()), True, world, 30, "bench vote")
     vote = (time.perf_counter() - start) / rounds
     lookup = 0.0
-    if session.plane is not None:
+    if flag.usable:
         start = time.perf_counter()
         for _ in range(rounds):
-            session.plane.flag_is_raised("bench/never")
+            flag.is_raised()
         lookup = (time.perf_counter() - start) / rounds
-    unidist.barrier()
+    sync.barrier()
     return {"vote_us": 1e6 * vote, "lookup_us": 1e6 * lookup}
 
 
@@ -194,10 +194,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=48, help="timed steps per contender")
     parser.add_argument("--quick", action="store_true", help="a few steps only")
     args = parser.parse_args()
-    rounds = 2 if args.quick else args.rounds
-    budgets = [7] if args.quick else [1, 7, 32, 100, args.batch - 1]
-    if args.quick:
-        args.batch, args.size = 64, 16
+    rounds = 6 if args.quick else args.rounds
+    budgets = [1, 7, 32, 100, args.batch - 1]
     results = {1: single_process(args.batch, args.size, rounds, budgets)}
     results[2] = run_distributed(
         job, args.batch, args.size, rounds, budgets, world_size=2, timeout=900

@@ -245,12 +245,12 @@ def test_bad_kinds(kind: Any, message: str) -> None:
     ],
 )
 def test_default_backend(device: Any, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "available_backends", lambda: ("gloo", "nccl", "xccl"))
+    monkeypatch.setattr(devices, "available_backends", lambda: ("gloo", "nccl", "xccl"))
     assert unidist.default_backend(device) == backend
 
 
 def test_default_backend_falls_back_to_gloo_without_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "available_backends", lambda: ("gloo",))
+    monkeypatch.setattr(devices, "available_backends", lambda: ("gloo",))
     assert unidist.default_backend("cuda") == "gloo"
     assert unidist.default_backend("xpu") == "gloo"
 
@@ -274,7 +274,7 @@ def test_initialize_picks_the_backend_of_the_auto_device(
     monkeypatch: pytest.MonkeyPatch, fake_cuda: list[int]
 ) -> None:
     two = _env.read({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
-    monkeypatch.setattr(lifecycle, "available_backends", lambda: ("gloo", "nccl"))
+    monkeypatch.setattr(devices, "available_backends", lambda: ("gloo", "nccl"))
     assert lifecycle._resolve_backend(None, two, live=False) == "nccl"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)

@@ -208,3 +208,40 @@ def test_multi_process_environment_without_master_address(
     with pytest.raises(ConfigurationError, match="MASTER_ADDR/MASTER_PORT are not set"):
         unidist.initialize("gloo", adapter="torch")
     assert not unidist.is_initialized()
+
+
+def test_start_up_publishes_the_session_only_when_it_is_finished(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from unidist import _state, lifecycle
+
+    settle = lifecycle._settle
+    seen = []
+
+    def watched(session: _state.Session) -> None:
+        seen.append(_state.current())  # what any other caller would get while settling
+        settle(session)
+        seen.append(_state.current())
+
+    monkeypatch.setattr(lifecycle, "_settle", watched)
+    unidist.initialize("gloo", adapter="torch", timeout=30)
+    assert seen == [None, None]
+    assert unidist.is_initialized()
+    session = _state.current()
+    assert session is not None
+    assert session.topology == unidist.topology()
+
+
+def test_a_failed_start_up_publishes_nothing_and_tears_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from unidist import _state, lifecycle
+
+    def broken(session: _state.Session) -> None:
+        raise TopologyError("the ranks disagree (on purpose)")
+
+    monkeypatch.setattr(lifecycle, "_settle", broken)
+    with pytest.raises(TopologyError, match="on purpose"):
+        unidist.initialize("gloo", adapter="torch", timeout=30)
+    assert _state.current() is None
+    assert not dist.is_initialized()

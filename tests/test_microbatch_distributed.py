@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
-from unidist import _state
+from unidist import lifecycle
 from unidist.errors import DistributedTimeoutError, MicrobatchOOMError
 from unidist.testing import OOMBudget, run_distributed
 
@@ -173,7 +173,7 @@ def abort_early() -> list[int]:
     """Rank 1 runs out at once; rank 0 waits for its flag, then must abandon its attempt."""
     model = DDP(make_model())
     mb = unidist.MicroBatcher(model, policy=unidist.SizePolicy(start=4), abort_check_interval=0)
-    plane = _state.session("test").plane
+    plane = lifecycle.session_for("test").plane
     assert plane is not None
     calls: list[int] = []
 
@@ -236,7 +236,7 @@ def test_batchnorm_buffers_are_restored_and_broadcast_like_ddp() -> None:
 
 def without_control_plane() -> dict:
     """No control store: votes go over the gloo group; a plain module averages by itself."""
-    session = _state.session("test")
+    session = lifecycle.session_for("test")
     session.plane = None
     model, reference = make_model(), DDP(make_model())
     mb = unidist.MicroBatcher(model, sync_gradients=True)
@@ -276,7 +276,7 @@ def test_a_rank_that_never_votes_times_out_by_name() -> None:
 def store_keys_over_steps() -> list[int]:
     model = DDP(make_model())
     mb = unidist.MicroBatcher(model)
-    plane = _state.session("test").plane
+    plane = lifecycle.session_for("test").plane
     assert plane is not None
     counts = []
     with OOMBudget({1: 3}).attach(model.module):

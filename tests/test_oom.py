@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import unidist
-from unidist._oom import free_memory
+from unidist._microbatch.memory import free_memory
 from unidist.errors import MicrobatchOOMError, RemoteError
 
 

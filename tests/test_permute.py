@@ -9,7 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from unidist._permute import SMALL, FeistelOrder, Share, round_keys, shuffled_order
+from unidist._sampling.permute import SMALL, FeistelOrder, Share, round_keys, shuffled_order
 
 
 def _whole(order_length: int, seed: int = 0, epoch: int = 0) -> np.ndarray:

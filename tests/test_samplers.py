@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from unidist import ConfigurationError, DistributedSampler, get_sampler
-from unidist._permute import SMALL
+from unidist._sampling.permute import SMALL
 
 LENGTHS = st.one_of(st.integers(0, 40), st.integers(0, 2000), st.sampled_from([SMALL + 1, 100_003]))
 WORLDS = st.integers(1, 16)

@@ -2,7 +2,8 @@
 
 Importing unidist imports neither the frameworks nor torch itself and changes no environment
 variable; everything starts on first use. Names whose module needs torch at import time (a
-``torch.utils.data.Sampler`` subclass, say) are listed in ``_LAZY`` and imported on first access.
+``torch.utils.data.Sampler`` subclass, say) or costs more than it should at every start (the
+diagnostics, the launcher) are listed in ``_LAZY`` and imported on first access.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from unidist._env import Topology
-from unidist._oom import is_oom
+from unidist._microbatch.memory import is_oom
 from unidist._version import __version__
 from unidist.collectives import (
     all_gather,
@@ -21,7 +22,6 @@ from unidist.collectives import (
     broadcast,
     broadcast_object,
 )
-from unidist.config import show_config
 from unidist.errors import (
     AdapterNotFoundError,
     AdapterUnavailableError,
@@ -38,7 +38,6 @@ from unidist.errors import (
 from unidist.groups import Group, new_group
 from unidist.lifecycle import (
     available_adapters,
-    available_backends,
     backend,
     current_adapter,
     finalize,
@@ -78,19 +77,21 @@ _LAZY: dict[str, str] = {
     "auto_dataloader": "unidist.data",
     "auto_model": "unidist.placement",
     "auto_optim": "unidist.placement",
+    "available_backends": "unidist.devices",
     "default_backend": "unidist.devices",
     "device": "unidist.devices",
     "gather_in_order": "unidist.data",
     "get_sampler": "unidist.samplers",
-    "probe": "unidist.hardware",
+    "probe": "unidist.diagnostics",
     "shard_iterable": "unidist.streams",
+    "show_config": "unidist.diagnostics",
     "spawn": "unidist.launch.spawn",
 }
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from unidist.data import StatefulDataLoader, auto_dataloader, gather_in_order
-    from unidist.devices import default_backend, device
-    from unidist.hardware import probe
+    from unidist.devices import available_backends, default_backend, device
+    from unidist.diagnostics import probe, show_config
     from unidist.launch.spawn import spawn
     from unidist.placement import auto_model, auto_optim
     from unidist.samplers import DistributedSampler, DistributedSamplerWrapper, get_sampler

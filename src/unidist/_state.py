@@ -1,8 +1,10 @@
-"""The one slot of process-global state: the active session, the cached environment, ``use()``.
+"""The one slot of process-global state: the active session and the cached environment.
 
-Rank getters read :func:`view`, which is cheap (no torch import when no process group can exist).
-Collectives call :func:`session`, which returns the active session, adopts a process group
-that someone else created, serves a world of one, or says to call :func:`unidist.initialize`.
+Only the slot: :func:`install` publishes a finished session (:func:`unidist.initialize` builds it
+first), :func:`current` reads it, :func:`reset` forgets everything (tests). Rank getters read
+:func:`view`, which is cheap (no torch import when no process group can exist). Finding the
+session a collective runs on, adopting a process group that someone else created, is
+:func:`unidist.lifecycle.session_for`, one layer up: this module calls nothing above it.
 """
 
 from __future__ import annotations
@@ -15,14 +17,26 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from unidist import _env
-from unidist.errors import NotInitializedError
+from unidist.adapters import registry
+from unidist.errors import TopologyError
 
 if TYPE_CHECKING:
-    from unidist._control import ControlPlane
+    from unidist._comm.control import ControlPlane
     from unidist._env import EnvReading, Topology
     from unidist.adapters.base import Adapter
 
-__all__ = ["Session", "reset", "session", "view"]
+__all__ = [
+    "Session",
+    "check_against_live_group",
+    "current",
+    "env_reading",
+    "install",
+    "lock",
+    "reset",
+    "serial_session",
+    "torch_group_is_live",
+    "view",
+]
 
 
 @dataclass
@@ -50,12 +64,11 @@ class Session:
     pid: int = field(default_factory=os.getpid)
 
 
-_lock = threading.RLock()
+#: Held while a session is started or published (re-entrant: start-up may adopt).
+lock = threading.RLock()
 _session: Session | None = None
 _serial: Session | None = None
 _reading: EnvReading | None = None
-#: Adapters selected with ``unidist.use(...)``, innermost last.
-use_stack: list[Adapter] = []
 
 
 def env_reading() -> EnvReading:
@@ -73,9 +86,9 @@ def current() -> Session | None:
 
 
 def install(new: Session | None) -> None:
-    """Make ``new`` the active session (``None`` clears it)."""
+    """Make ``new`` the active session (``None`` clears it); ``new`` must be finished."""
     global _session
-    with _lock:
+    with lock:
         _session = new
 
 
@@ -87,9 +100,9 @@ def torch_group_is_live() -> bool:
 
 def view() -> EnvReading:
     """What the rank getters report: the session's topology, else the live group, else the env."""
-    active = _session
-    if active is not None:
-        return active.env
+    session = _session
+    if session is not None:
+        return session.env
     reading = env_reading()
     if torch_group_is_live():
         return check_against_live_group(reading)
@@ -97,9 +110,8 @@ def view() -> EnvReading:
 
 
 def check_against_live_group(reading: EnvReading) -> EnvReading:
+    """``reading``, checked against (or, without launcher variables, filled from) the live group."""
     import torch.distributed as dist
-
-    from unidist.errors import TopologyError
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if reading.launcher == "none":
@@ -127,46 +139,11 @@ def check_against_live_group(reading: EnvReading) -> EnvReading:
     return reading
 
 
-def session(what: str) -> Session:
-    """The session a collective should use.
-
-    Args:
-        what: the operation, for the error message.
-
-    Raises:
-        NotInitializedError: several processes are expected but no process group exists.
-    """
-    active = _session
-    if active is not None:
-        if active.pid != os.getpid():
-            raise NotInitializedError(
-                f"{what} was called in a forked child (pid {os.getpid()}, e.g. a DataLoader "
-                f"worker) of rank {active.topology.rank}; process groups do not survive fork. "
-                "HINT: run collectives in the training process, not in workers."
-            )
-        return active
-    if torch_group_is_live():
-        from unidist import lifecycle
-
-        lifecycle.initialize()  # adopt the group someone else created; every rank is here too
-        assert _session is not None
-        return _session
-    reading = env_reading()
-    if reading.world_size == 1:
-        return _serial_session(reading)
-    raise NotInitializedError(
-        f"{what} needs a process group: the environment says world size {reading.world_size} "
-        f"({reading.launcher}), but none has been initialized. HINT: call unidist.initialize() "
-        "on every rank before the first collective."
-    )
-
-
-def _serial_session(reading: EnvReading) -> Session:
+def serial_session(reading: EnvReading) -> Session:
+    """The implicit world-of-one session for ``reading`` (kept until the environment is re-read)."""
     global _serial
     serial = _serial
     if serial is None or serial.env is not reading:
-        from unidist.adapters import registry
-
         serial = _serial = Session(
             adapter=registry.get("serial"),
             backend=None,
@@ -180,18 +157,18 @@ def _serial_session(reading: EnvReading) -> Session:
 
 
 def reset() -> None:
-    """Forget everything: session, cached environment, ``use()`` stack (tests)."""
+    """Forget everything: session and cached environment (tests)."""
     global _session, _serial, _reading
-    with _lock:
+    with lock:
         _session = None
         _serial = None
         _reading = None
-        use_stack.clear()
 
 
 def _after_fork_in_child() -> None:
     # Re-read the environment (Ignite's fork-started ranks set it after forking). The session is
-    # kept so getters still work in DataLoader workers; session() refuses collectives there.
+    # kept so getters still work in DataLoader workers; lifecycle.session_for() refuses
+    # collectives there.
     global _serial, _reading
     _serial = None
     _reading = None

@@ -127,15 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if args.command == "config":
-            from unidist.config import show_config
+        if args.command in ("config", "probe"):
+            from unidist import diagnostics
 
-            show_config(as_json=args.json)
-            return 0
-        if args.command == "probe":
-            from unidist.hardware import show_probe
-
-            show_probe(as_json=args.json)
+            show = diagnostics.show_config if args.command == "config" else diagnostics.show_probe
+            show(as_json=args.json)
             return 0
         if args.command == "launch":
             return _launch(args)

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from unidist import collectives, ranks
-from unidist._passes import PassSampler, check_flag, check_int
+from unidist._sampling.passes import PassSampler, check_flag, check_int
 from unidist.errors import ConfigurationError, TopologyError
 from unidist.samplers import DistributedSampler, get_sampler
 from unidist.streams import ShardedIterable

@@ -30,7 +30,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from unidist import _env
+from unidist import _env, _state
 from unidist.errors import ConfigurationError, DeviceUnavailableError
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ __all__ = [
     "BACKENDS",
     "DEVICE_KINDS",
     "KINDS",
+    "available_backends",
     "default_backend",
     "device",
     "device_kind",
@@ -161,11 +162,8 @@ def default_backend(device: torch.device | str | None = None) -> str:
             f"{', '.join(f'{t} -> {b}' for t, b in _BACKEND_OF_TYPE.items())}. HINT: move the "
             "model to a real device first, or pass backend= to unidist.initialize()."
         )
-    if torch_type in _GLOO_FALLBACK:
-        from unidist.lifecycle import available_backends
-
-        if backend not in available_backends():
-            return "gloo"
+    if torch_type in _GLOO_FALLBACK and backend not in available_backends():
+        return "gloo"
     return backend
 
 
@@ -177,8 +175,6 @@ def require_backend(name: str) -> None:
         DeviceUnavailableError: ``nccl`` without a CUDA device (the message says why there is
             none), ``xccl`` without an XPU.
     """
-    from unidist.lifecycle import available_backends
-
     known = available_backends()
     if name not in known:
         raise ConfigurationError(
@@ -196,6 +192,35 @@ def require_backend(name: str) -> None:
                 kind=needs[0],
                 missing=exc.missing,
             ) from None
+
+
+def available_backends() -> tuple[str, ...]:
+    """Process-group backends this torch build provides (``gloo``, ``nccl``, ``mpi``, ...).
+
+    Built-in backends count when torch was compiled with them (``nccl`` on a CUDA build even
+    without a GPU: :func:`unidist.probe` says whether devices are present); backends that a
+    plugin registered with ``torch.distributed.Backend.register_backend`` (``hccl`` once
+    ``habana_frameworks`` is imported, ``xla`` once ``torch_xla`` is) count too.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return ()
+    checks = {
+        "gloo": "is_gloo_available",
+        "nccl": "is_nccl_available",
+        "mpi": "is_mpi_available",
+        "ucc": "is_ucc_available",
+        "xccl": "is_xccl_available",
+    }
+    built = [name for name, check in checks.items() if getattr(dist, check, lambda: False)()]
+    # "fake" (which newer torch registers for its own tests) moves no data: not a real backend.
+    plugins = [
+        name
+        for name in dist.Backend.backend_list
+        if name not in checks and name not in (dist.Backend.UNDEFINED, "fake")
+    ]
+    return (*built, *plugins)
 
 
 def unavailable_reason(kind: str) -> str | None:
@@ -344,9 +369,7 @@ def _cuda_device(index: int | None) -> torch.device:
 
     count = torch.cuda.device_count()
     if index is None:
-        from unidist.ranks import get_local_rank
-
-        return local_cuda_device(get_local_rank())
+        return local_cuda_device(_state.view().require("local_rank"))
     if index >= count:
         raise ConfigurationError(
             f"device 'cuda:{index}' does not exist: torch sees {count} CUDA device(s) "

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from unidist import _state
-from unidist.errors import ConfigurationError, translated
+from unidist import lifecycle
+from unidist.errors import ConfigurationError, translate_errors
 
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["Group", "fail", "members", "new_group", "to_seconds"]
+__all__ = ["Group", "members", "new_group"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,27 +46,16 @@ class Group:
         return self.ranks.index(global_rank) if global_rank in self.ranks else None
 
 
-def members(s: Session, group: Group | None, what: str) -> tuple[int, Any, Any]:
+def members(session: Session, group: Group | None, what: str) -> tuple[int, Any, Any]:
     """(size, adapter handle, control handle) of ``group``; refuses non-members."""
     if group is None:
-        return s.topology.world_size, None, s.control
-    if s.topology.rank not in group.ranks:
+        return session.topology.world_size, None, session.control
+    if session.topology.rank not in group.ranks:
         raise ConfigurationError(
-            f"rank {s.topology.rank} called {what} on a group of ranks {list(group.ranks)} it is "
-            "not in. HINT: only members call collectives on a group (test `rank in group`)."
+            f"rank {session.topology.rank} called {what} on a group of ranks {list(group.ranks)} "
+            "it is not in. HINT: only members call collectives on a group (test `rank in group`)."
         )
     return len(group.ranks), group.handle, group.control
-
-
-def fail(exc: BaseException, what: str) -> BaseException:
-    return translated(exc, what) or exc
-
-
-def to_seconds(timeout: float | timedelta) -> float:
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if not isinstance(seconds, int | float) or not seconds > 0:
-        raise ConfigurationError(f"timeout={timeout!r} must be a positive number of seconds.")
-    return float(seconds)
 
 
 def new_group(ranks: Sequence[int]) -> Group:
@@ -76,8 +64,8 @@ def new_group(ranks: Sequence[int]) -> Group:
     Raises:
         ConfigurationError: ranks are not distinct integers within the world.
     """
-    s = _state.session("new_group")
-    world = s.topology.world_size
+    session = lifecycle.session_for("new_group")
+    world = session.topology.world_size
     chosen = tuple(sorted(set(ranks))) if _all_ints(ranks) else ()
     if not chosen or len(chosen) != len(ranks) or chosen[0] < 0 or chosen[-1] >= world:
         raise ConfigurationError(
@@ -85,15 +73,13 @@ def new_group(ranks: Sequence[int]) -> Group:
         )
     if world == 1:
         return Group(chosen, chosen, None)
-    try:
-        handle = s.adapter.new_group(chosen)
+    with translate_errors(f"new_group({list(chosen)})"):
+        handle = session.adapter.new_group(chosen)
         control = handle
-        if s.torch_backed and s.backend != "gloo":
+        if session.torch_backed and session.backend != "gloo":
             import torch.distributed as dist
 
-            control = dist.new_group(ranks=list(chosen), backend="gloo", timeout=s.timeout)
-    except RuntimeError as exc:
-        raise fail(exc, f"new_group({list(chosen)})") from exc
+            control = dist.new_group(ranks=list(chosen), backend="gloo", timeout=session.timeout)
     return Group(chosen, handle, control)
 
 

@@ -1,39 +1,54 @@
-"""Starting, adopting, inspecting and stopping the process group."""
+"""Starting, adopting, inspecting and stopping the process group; finding the session.
+
+:func:`initialize` builds a session completely (process group, control group and store, the
+topology checked across ranks) before it publishes it in :mod:`unidist._state`, so no other
+caller ever sees a half-built one; its cross-rank checks run on the unpublished session through
+:mod:`unidist._comm.transport`. :func:`session_for` is what every collective asks for a session:
+the published one, a process group someone else started (adopted here), or a world of one.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from unidist import _env, _state
+from unidist._comm import transport
+from unidist._comm.control import ControlPlane
+from unidist._state import Session
 from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.adapters import registry
-from unidist.errors import ConfigurationError, TopologyError, translate_errors
+from unidist.errors import (
+    ConfigurationError,
+    NotInitializedError,
+    TopologyError,
+    translate_errors,
+)
 
 if TYPE_CHECKING:
-    from unidist._control import ControlPlane
     from unidist._env import EnvReading, Topology
-    from unidist._state import Session
     from unidist.adapters.base import Adapter
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "available_adapters",
-    "available_backends",
     "backend",
     "current_adapter",
     "finalize",
     "initialize",
     "is_initialized",
+    "session_for",
     "use",
 ]
 
+T = TypeVar("T")
 #: Seconds a collective may wait before it fails (``UNIDIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT = 300.0
 #: How long finalize lets gloo's worker threads drop their last tensors (see _release_gil_briefly).
@@ -66,70 +81,68 @@ def initialize(
         TopologyError: the environment is malformed or contradicts the process group.
         AdapterUnavailableError: the adapter's framework is not installed.
     """
-    with _state._lock:
-        active = _state.current()
-        if active is not None:
-            _check_same(active, backend, adapter)
-            return active.topology
-        settings = _env.read_settings()
-        reading = _env.read()
-        seconds = _seconds(timeout, settings.timeout)
-        chosen, reason = registry.choose(adapter, settings.adapter, reading)
-        live = _state.torch_group_is_live()
-        name = _resolve_backend(backend, reading, live)
-        span = timedelta(seconds=seconds)
-        if name is None:  # one process, nothing asked for: no process group at all
-            session = _state.Session(chosen, None, reading.topology(), reading, span, reason=reason)
-            _state.install(session)
+    with _state.lock:
+        session = _state.current()
+        if session is not None:
+            _check_same(session, backend, adapter)
             return session.topology
-        if name == "nccl" and not live and reading.local_rank is not None:
-            from unidist.devices import local_cuda_device
-
-            local_cuda_device(reading.local_rank)  # NCCL binds to the current device
-        what = f"starting the {chosen.name!r} adapter ({name}, world size {reading.world_size})"
-        with translate_errors(what):
-            owns = chosen.initialize(name, timeout=span, env=reading)
-        session = _state.Session(
-            chosen,
-            name,
-            reading.topology() if not reading.missing else _placeholder(reading),
-            reading,
-            span,
-            owns_group=owns,
-            reason=reason,
-            torch_backed=_state.torch_group_is_live(),
-        )
-        _state.install(session)
-        try:
-            _settle(session)
-        except BaseException:
-            finalize()
-            raise
+        session = _start(backend, adapter, timeout)
+        _state.install(session)  # finished: only now can other callers see it
         return session.topology
 
 
-def _seconds(timeout: float | timedelta | None, from_env: float | None) -> float:
-    if timeout is None:
-        return from_env if from_env is not None else DEFAULT_TIMEOUT
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if not isinstance(seconds, int | float) or not seconds > 0:
-        raise ConfigurationError(
-            f"timeout={timeout!r} must be a positive number of seconds or a timedelta."
-        )
-    return float(seconds)
+def _start(
+    backend: str | None, adapter: str | Adapter | None, timeout: float | timedelta | None
+) -> Session:
+    """Start (or adopt) the process group and build the whole session, without publishing it."""
+    settings = _env.read_settings()
+    reading = _env.read()
+    if timeout is not None:
+        seconds = _env.timeout_seconds(timeout)
+    else:
+        seconds = settings.timeout if settings.timeout is not None else DEFAULT_TIMEOUT
+    chosen, reason = registry.choose(adapter, settings.adapter, reading)
+    live = _state.torch_group_is_live()
+    name = _resolve_backend(backend, reading, live)
+    span = timedelta(seconds=seconds)
+    if name is None:  # one process, nothing asked for: no process group at all
+        return Session(chosen, None, reading.topology(), reading, span, reason=reason)
+    if name == "nccl" and not live and reading.local_rank is not None:
+        from unidist.devices import local_cuda_device
+
+        local_cuda_device(reading.local_rank)  # NCCL binds to the current device
+    what = f"starting the {chosen.name!r} adapter ({name}, world size {reading.world_size})"
+    with translate_errors(what):
+        owns = chosen.initialize(name, timeout=span, env=reading)
+    session = Session(
+        chosen,
+        name,
+        reading.topology() if not reading.missing else _placeholder(reading),
+        reading,
+        span,
+        owns_group=owns,
+        reason=reason,
+        torch_backed=_state.torch_group_is_live(),
+    )
+    try:
+        _settle(session)
+    except BaseException:
+        _teardown(session)
+        raise
+    return session
 
 
-def _check_same(active: Session, backend: str | None, adapter: str | Adapter | None) -> None:
+def _check_same(session: Session, backend: str | None, adapter: str | Adapter | None) -> None:
     wanted = adapter if isinstance(adapter, str) or adapter is None else adapter.name
-    if backend is not None and backend != active.backend:
+    if backend is not None and backend != session.backend:
         raise ConfigurationError(
-            f"unidist is already initialized with backend {active.backend!r}; initialize("
+            f"unidist is already initialized with backend {session.backend!r}; initialize("
             f"backend={backend!r}) cannot switch it. HINT: call unidist.finalize() first, or "
             "drop the backend argument."
         )
-    if wanted is not None and wanted != active.adapter.name:
+    if wanted is not None and wanted != session.adapter.name:
         raise ConfigurationError(
-            f"unidist is already initialized with the {active.adapter.name!r} adapter; "
+            f"unidist is already initialized with the {session.adapter.name!r} adapter; "
             f"initialize(adapter={wanted!r}) cannot switch it. HINT: use unidist.use("
             f"{wanted!r}) for a block, or call unidist.finalize() first."
         )
@@ -166,7 +179,11 @@ def _placeholder(reading: EnvReading) -> Topology:
 
 
 def _settle(session: Session) -> None:
-    """Cross-check the live group, open the control group, fill in and verify the topology."""
+    """Cross-check the live group, open the control group, fill in and verify the topology.
+
+    Collective, on the session being built (not yet published): its messages go through
+    :mod:`unidist._comm.transport` with this session, not through the public collectives.
+    """
     reading = session.env
     if session.torch_backed:
         reading = _state.check_against_live_group(reading)
@@ -205,28 +222,22 @@ def _settle(session: Session) -> None:
 
 def _start_control_plane(session: Session, reading: EnvReading) -> ControlPlane:
     """Rank 0 hosts unidist's control store on a free port; the others connect (collective)."""
-    from unidist import collectives
-    from unidist._control import ControlPlane
 
-    host = reading.master_addr or collectives.broadcast_object(socket.gethostname())
+    def from_rank_zero(value: T) -> T:
+        world = reading.world_size
+        return transport.broadcast_object(session, value, 0, world, session.control)
+
+    host = reading.master_addr or from_rank_zero(socket.gethostname())
     with translate_errors("starting unidist's control store"):
         return ControlPlane.start(
-            host,
-            reading.rank,
-            reading.world_size,
-            session.timeout,
-            lambda port: collectives.broadcast_object(port, src=0),
+            host, reading.rank, reading.world_size, session.timeout, from_rank_zero
         )
 
 
 def _survey(session: Session, reading: EnvReading) -> Topology:
     """Gather (host, node, local rank) from every rank to fill gaps and catch collisions."""
-    from unidist import collectives
-
     me = (socket.gethostname(), reading.node_rank, reading.local_rank, reading.local_world_size)
-    everyone: list[tuple[str, int | None, int | None, int | None]] = collectives.all_gather_object(
-        me
-    )
+    everyone = transport.gather_object(session, me, reading.world_size, session.control)
     keys = [(host, node) for host, node, _, _ in everyone]
     node_order = list(dict.fromkeys(keys))
     mine = keys[reading.rank]
@@ -286,19 +297,59 @@ def finalize() -> None:
 
     Safe to call twice, on any rank independently (it does not wait for the other ranks).
     """
-    active = _state.current()
-    if active is None:
+    session = _state.current()
+    if session is None:
         return
     try:
-        if active.torch_backed and GLOO_TEARDOWN_DEADLOCK.present():
-            _release_gil_briefly()
-            if not active.owns_group and active.control is not None:
-                import torch.distributed as dist
-
-                dist.destroy_process_group(active.control)
-        active.adapter.finalize()
+        _teardown(session)
     finally:
         _state.install(None)
+
+
+def _teardown(session: Session) -> None:
+    """Stop what ``session`` started: its control group, and the process group if it owns it."""
+    if session.torch_backed and GLOO_TEARDOWN_DEADLOCK.present():
+        _release_gil_briefly()
+        if not session.owns_group and session.control is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group(session.control)
+    session.adapter.finalize()
+
+
+def session_for(what: str) -> Session:
+    """The session ``what`` (a collective, a wait) runs on.
+
+    The published session; else a process group that someone else started, adopted here (every
+    rank is in the same collective, so the adoption's own collectives line up); else, for one
+    process, the implicit world of one.
+
+    Raises:
+        NotInitializedError: several processes are expected but no process group exists, or the
+            caller is a forked child (a DataLoader worker) of a rank.
+    """
+    session = _state.current()
+    if session is not None:
+        if session.pid != os.getpid():
+            raise NotInitializedError(
+                f"{what} was called in a forked child (pid {os.getpid()}, e.g. a DataLoader "
+                f"worker) of rank {session.topology.rank}; process groups do not survive fork. "
+                "HINT: run collectives in the training process, not in workers."
+            )
+        return session
+    if _state.torch_group_is_live():
+        initialize()  # adopt the group someone else created; every rank is here too
+        session = _state.current()
+        assert session is not None
+        return session
+    reading = _state.env_reading()
+    if reading.world_size == 1:
+        return _state.serial_session(reading)
+    raise NotInitializedError(
+        f"{what} needs a process group: the environment says world size {reading.world_size} "
+        f"({reading.launcher}), but none has been initialized. HINT: call unidist.initialize() "
+        "on every rank before the first collective."
+    )
 
 
 def _release_gil_briefly() -> None:
@@ -316,49 +367,20 @@ def _release_gil_briefly() -> None:
 
 def is_initialized() -> bool:
     """Whether :func:`initialize` has run in this process (and :func:`finalize` has not)."""
-    active = _state.current()
-    return active is not None and active.explicit
+    session = _state.current()
+    return session is not None and session.explicit
 
 
 def backend() -> str | None:
     """The process-group backend in use (``gloo``, ``nccl``, ...), None without a process group."""
-    active = _state.current()
-    if active is not None:
-        return active.backend
+    session = _state.current()
+    if session is not None:
+        return session.backend
     if _state.torch_group_is_live():
         import torch.distributed as dist
 
         return str(dist.get_backend())
     return None
-
-
-def available_backends() -> tuple[str, ...]:
-    """Process-group backends this torch build provides (``gloo``, ``nccl``, ``mpi``, ...).
-
-    Built-in backends count when torch was compiled with them (``nccl`` on a CUDA build even
-    without a GPU: :func:`unidist.probe` says whether devices are present); backends that a
-    plugin registered with ``torch.distributed.Backend.register_backend`` (``hccl`` once
-    ``habana_frameworks`` is imported, ``xla`` once ``torch_xla`` is) count too.
-    """
-    import torch.distributed as dist
-
-    if not dist.is_available():
-        return ()
-    checks = {
-        "gloo": "is_gloo_available",
-        "nccl": "is_nccl_available",
-        "mpi": "is_mpi_available",
-        "ucc": "is_ucc_available",
-        "xccl": "is_xccl_available",
-    }
-    built = [name for name, check in checks.items() if getattr(dist, check, lambda: False)()]
-    # "fake" (which newer torch registers for its own tests) moves no data: not a real backend.
-    plugins = [
-        name
-        for name in dist.Backend.backend_list
-        if name not in checks and name not in (dist.Backend.UNDEFINED, "fake")
-    ]
-    return (*built, *plugins)
 
 
 def available_adapters() -> tuple[str, ...]:
@@ -368,10 +390,10 @@ def available_adapters() -> tuple[str, ...]:
 
 def current_adapter() -> Adapter:
     """The adapter collectives go through now (``serial`` in a single process)."""
-    active = _state.current()
-    if active is not None:
-        return active.adapter
-    return _state.session("current_adapter").adapter
+    session = _state.current()
+    if session is not None:
+        return session.adapter
+    return session_for("current_adapter").adapter
 
 
 @contextlib.contextmanager
@@ -382,7 +404,7 @@ def use(adapter: str | Adapter) -> Iterator[Adapter]:
     every rank). Useful to compare frameworks, or to let a framework-specific helper run inside a
     job started by another adapter.
     """
-    session = _state.session("use")
+    session = session_for("use")
     chosen, _ = registry.choose(adapter, None, session.env)
     if session.backend is not None and chosen is not session.adapter:
         with translate_errors(f"adopting the process group with the {chosen.name!r} adapter"):

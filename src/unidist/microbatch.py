@@ -16,7 +16,8 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
 3. At the end of the attempt every rank publishes ``ok``/``oom``/``aborted``/``error`` through
    the control store (``session.plane``, not the device or NCCL; without one, over the gloo
    control group) and reads everyone's. Identical inputs give identical decisions everywhere.
-4. All ``ok``: gradients are averaged by hand over DDP's group (see :mod:`unidist._gradsync`).
+4. All ``ok``: gradients are averaged by hand over DDP's group (see
+   :mod:`unidist._microbatch.gradsync`).
    Any ``error``: that rank re-raises its error, the others raise :class:`~unidist.RemoteError`
    naming it. Otherwise: shrink (or raise :class:`~unidist.MicrobatchOOMError` at the minimum
    size) and retry the same batch; buffers (BatchNorm statistics) are restored first, so no
@@ -34,11 +35,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from unidist import _state, sync
-from unidist._gradsync import GradientAverager, inspect_model
-from unidist._microbatch_policy import SizeChange, SizePolicy, SizeTracker, Vote
-from unidist._oom import free_memory, is_oom
-from unidist._split import batch_size, detached, split_batch, unpack_loss
+from unidist import _env, lifecycle, sync
+from unidist._microbatch.gradsync import GradientAverager, inspect_model
+from unidist._microbatch.memory import free_memory, is_oom
+from unidist._microbatch.policy import SizeChange, SizePolicy, SizeTracker, Vote
+from unidist._microbatch.split import batch_size, detached, split_batch, unpack_loss
 from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ class _Attempt:
     vote: Vote
     loss: torch.Tensor | None = None
     error: BaseException | None = None
-    flagged: bool = False
+    #: The abort flag this rank raised (lowered once every rank has voted).
+    flagged: sync.Flag | None = None
 
 
 class MicroBatcher:
@@ -204,13 +206,13 @@ class MicroBatcher:
             RemoteError: another rank failed with a different error.
             DistributedTimeoutError: another rank did not reach the vote within the timeout.
         """
-        link = self._link()
+        session = self._session()
         self._view.broadcast_buffers()
         snapshot = self._view.snapshot_buffers() if self._restore_buffers else []
         stashed = self._view.take_grads(keep=not self._zero_grad)
         try:
             with self._view.buffer_sync_off():
-                votes, attempt = self._agree(batch, loss_fn, link, snapshot)
+                votes, attempt = self._agree(batch, loss_fn, session, snapshot)
             if self._averager is not None:
                 missing = [set(v.missing) for v in votes.values()]
                 self._averager.reduce(set.intersection(*missing))
@@ -230,25 +232,25 @@ class MicroBatcher:
         self,
         batch: Any,
         loss_fn: Callable[[Any], Any],
-        link: Session,
+        session: Session,
         snapshot: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> tuple[dict[int, Vote], _Attempt]:
         """Attempt and vote until every rank has run the whole batch (or raise everywhere)."""
         failures = 0
         while True:
-            attempt = self._attempt(batch, loss_fn, link)
-            votes = self._vote(attempt, link)
+            attempt = self._attempt(batch, loss_fn, session)
+            votes = self._vote(attempt, session)
             if all(v.status == "ok" for v in votes.values()):
                 return votes, attempt
             failures += 1
             self._recover(snapshot, free=any(v.status == "oom" for v in votes.values()))
-            self._settle_failure(votes, attempt, failures, link)
+            self._settle_failure(votes, attempt, failures, session)
 
     # -- one attempt -----------------------------------------------------------------------
 
-    def _attempt(self, batch: Any, loss_fn: Callable[[Any], Any], link: Session) -> _Attempt:
+    def _attempt(self, batch: Any, loss_fn: Callable[[Any], Any], session: Session) -> _Attempt:
         self._attempts += 1
-        flag = f"microbatch/{self._id}/{self._attempts}"
+        flag = sync.Flag(session, "microbatch", self._id, self._attempts)
         self._last_check = time.monotonic()
         self.outputs = []
         self._where = "counting the samples of the batch"
@@ -257,7 +259,7 @@ class MicroBatcher:
             total = self._size_fn(batch)
             size = self.tracker.effective(total)
             self._where = "splitting the batch"
-            loss = self._run(batch, loss_fn, size, total, link, flag)
+            loss = self._run(batch, loss_fn, size, total, flag)
             missing: tuple[int, ...] = ()
             if self._averager is not None:
                 self._where = "allocating the gradient-averaging buffers"
@@ -268,7 +270,7 @@ class MicroBatcher:
             return _Attempt(Vote("aborted", size, total, self._where))
         except BaseException as exc:  # the vote must happen whatever failed; re-raised below
             reason = is_oom(exc)
-            flagged = self._raise_flag(link, flag)
+            flagged = self._raise_flag(flag)
             if reason is not None:  # drop the exception: its frames hold the activations
                 oom = Vote("oom", size, total, f"{reason}, in {self._where}")
                 return _Attempt(oom, flagged=flagged)
@@ -281,14 +283,13 @@ class MicroBatcher:
         loss_fn: Callable[[Any], Any],
         size: int,
         total: int,
-        link: Session,
-        flag: str,
+        flag: sync.Flag,
     ) -> torch.Tensor | None:
         parts = list(self._split_fn(batch, size)) if total else []
         weights = self._weights(parts, total)
         losses = []  # weighted and detached; summed once at the end (fewer tiny kernels)
         for index, (part, weight) in enumerate(zip(parts, weights, strict=True)):
-            if index and self._peer_failed(link, flag):
+            if index and self._peer_failed(flag):
                 raise _PeerFailed
             where = f"microbatch {index + 1}/{len(parts)} (size {size})"
             self._where = f"the forward of {where}"
@@ -319,30 +320,31 @@ class MicroBatcher:
             return [1.0] * len(parts)
         return [n / total for n in sizes]
 
-    def _peer_failed(self, link: Session, flag: str) -> bool:
-        if self._check_interval is None or link.plane is None or link.topology.world_size == 1:
+    def _peer_failed(self, flag: sync.Flag) -> bool:
+        if self._check_interval is None or not flag.usable:
             return False
         now = time.monotonic()
         if now - self._last_check < self._check_interval:
             return False  # a store round trip per short microbatch would cost more than it saves
         self._last_check = now
-        return link.plane.flag_is_raised(flag)
+        return flag.is_raised()
 
-    def _raise_flag(self, link: Session, flag: str) -> bool:
-        if link.plane is None or link.topology.world_size == 1:
-            return False
+    def _raise_flag(self, flag: sync.Flag) -> sync.Flag | None:
+        """Tell the other ranks to abandon this attempt; the flag if it was raised."""
+        if not flag.usable:
+            return None
         with contextlib.suppress(Exception):  # a dead store shows up in the vote instead
-            link.plane.raise_flag(flag)
-            return True
-        return False
+            flag.raise_flag()
+            return flag
+        return None
 
     # -- agreement -------------------------------------------------------------------------
 
-    def _vote(self, attempt: _Attempt, link: Session) -> dict[int, Vote]:
-        if link.topology.world_size == 1:
+    def _vote(self, attempt: _Attempt, session: Session) -> dict[int, Vote]:
+        if session.topology.world_size == 1:
             return {0: attempt.vote}
         what = f"the MicroBatcher vote after attempt {self._attempts} (step {self.tracker.steps})"
-        world = range(link.topology.world_size)
+        world = range(session.topology.world_size)
         try:
             votes = sync.exchange(attempt.vote, True, world, self._timeout, what)
         except BaseException:
@@ -350,13 +352,13 @@ class MicroBatcher:
                 raise attempt.error from None  # this rank's own failure is the real news
             raise
         finally:
-            if attempt.flagged and link.plane is not None:
+            if attempt.flagged is not None:
                 with contextlib.suppress(Exception):  # everyone has voted: nobody looks any more
-                    link.plane.lower_flag(f"microbatch/{self._id}/{self._attempts}")
+                    attempt.flagged.lower()
         return {rank: vote for rank, vote in votes.items() if isinstance(vote, Vote)}
 
     def _settle_failure(
-        self, votes: dict[int, Vote], attempt: _Attempt, failures: int, link: Session
+        self, votes: dict[int, Vote], attempt: _Attempt, failures: int, session: Session
     ) -> None:
         """Shrink for the retry, or raise on every rank (after they all read the votes)."""
         errors = {rank: v for rank, v in sorted(votes.items()) if v.status == "error"}
@@ -365,7 +367,7 @@ class MicroBatcher:
             rank, vote = next(iter(errors.items()))
             terminal = attempt.error or RemoteError(
                 f"rank {rank} failed during MicroBatcher.step: {vote.detail}. Rank "
-                f"{link.topology.rank} stops too (failing ranks: {sorted(errors)}). HINT: the "
+                f"{session.topology.rank} stops too (failing ranks: {sorted(errors)}). HINT: the "
                 f"cause is in rank {rank}'s traceback; this rank is collateral damage."
             )
         else:
@@ -374,39 +376,39 @@ class MicroBatcher:
                 return
             except BaseException as exc:
                 terminal = exc
-        self._acknowledge(link)
+        self._acknowledge(session)
         raise terminal
 
-    def _acknowledge(self, link: Session) -> None:
+    def _acknowledge(self, session: Session) -> None:
         """Wait (briefly) until every rank has read the fatal votes.
 
         Rank 0 hosts the store: if it raised and exited at once, a rank still reading the
         votes would see the store vanish instead of the reason.
         """
-        if link.topology.world_size == 1:
+        if session.topology.world_size == 1:
             return
         seconds = _ACK_SECONDS
         if self._timeout is not None:
-            seconds = min(seconds, _seconds(self._timeout))
+            seconds = min(seconds, _env.timeout_seconds(self._timeout))
         with contextlib.suppress(Exception):
-            sync.timed_barrier(link, None, seconds, "MicroBatcher: acknowledging")
+            sync.timed_barrier(session, None, seconds, "MicroBatcher: acknowledging")
 
     # -- gradients and memory --------------------------------------------------------------
 
-    def _link(self) -> Session:
-        link = _state.session("MicroBatcher.step")
+    def _session(self) -> Session:
+        session = lifecycle.session_for("MicroBatcher.step")
         if self._averager is None and self._sync:
-            self._averager = self._make_averager(link)
-        return link
+            self._averager = self._make_averager(session)
+        return session
 
-    def _make_averager(self, link: Session) -> GradientAverager | None:
+    def _make_averager(self, session: Session) -> GradientAverager | None:
         ddp = self._view.ddp
         if ddp is not None:
             import torch.distributed as dist
 
             group, world = ddp.process_group, dist.get_world_size(ddp.process_group)
         else:
-            group, world = None, link.topology.world_size
+            group, world = None, session.topology.world_size
         if world == 1:
             self._sync = False
             return None
@@ -421,7 +423,3 @@ class MicroBatcher:
         self._view.restore_buffers(snapshot)
         if free:
             free_memory(self._view.device_types)
-
-
-def _seconds(timeout: float | timedelta) -> float:
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)

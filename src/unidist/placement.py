@@ -9,8 +9,10 @@ Ignite's own ``idist.auto_model``/``auto_optim`` instead (Horovod, XLA).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import replace
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from unidist.errors import ConfigurationError
@@ -55,7 +57,8 @@ def auto_model(
         raise ConfigurationError(
             f"auto_model(via={via!r}): expected None (unidist's own wrapping) or 'ignite'."
         )
-    from unidist.parallel.config import DDPConfig, ParallelismConfig
+    from unidist.parallel.config import ParallelismConfig
+    from unidist.parallel.strategies import DDPConfig
 
     if isinstance(parallelism, Mapping):
         parallelism = ParallelismConfig.from_dict(parallelism)
@@ -65,9 +68,7 @@ def auto_model(
                 "auto_model(via='ignite') takes no parallelism config: Ignite only wraps in DDP. "
                 "HINT: drop via='ignite' to use FSDP or TP."
             )
-        from unidist.adapters.ignite import auto_model as ignite_auto_model
-
-        return ignite_auto_model(model, sync_bn=sync_batchnorm, device=device)
+        return _ignite().auto_model(model, sync_bn=sync_batchnorm, device=device)  # type: ignore[no-any-return]
     config = parallelism if parallelism is not None else ParallelismConfig()
     if not isinstance(config, ParallelismConfig):
         raise ConfigurationError(
@@ -117,9 +118,7 @@ def auto_optim(optimizer: OptimizerT, *, via: str | None = None) -> OptimizerT:
             f"auto_optim(via={via!r}): expected None (unidist's own handling) or 'ignite'."
         )
     if via == "ignite":
-        from unidist.adapters.ignite import auto_optim as ignite_auto_optim
-
-        return ignite_auto_optim(optimizer)
+        return _ignite().auto_optim(optimizer)  # type: ignore[no-any-return]
     from unidist.lifecycle import backend
     from unidist.ranks import get_world_size
 
@@ -130,3 +129,8 @@ def auto_optim(optimizer: OptimizerT, *, via: str | None = None) -> OptimizerT:
             "auto_optim(optimizer, via='ignite'), or call torch_xla's xm.optimizer_step."
         )
     return optimizer
+
+
+def _ignite() -> ModuleType:
+    """:mod:`unidist.integrations.ignite`, loaded by name: neutral modules import no integration."""
+    return importlib.import_module("unidist.integrations.ignite")

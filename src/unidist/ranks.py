@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from unidist import _state
-from unidist.errors import ConfigurationError, RemoteError, TopologyError
+from unidist import _state, sync
+from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:
     from unidist._env import Topology
@@ -66,38 +66,27 @@ def get_world_size(group: Group | None = None) -> int:
 
 def get_local_rank() -> int:
     """Rank of this process among those on its node. 0 when not distributed."""
-    return _known(_state.view().local_rank, "local_rank")
+    return _state.view().require("local_rank")
 
 
 def get_local_world_size() -> int:
     """Number of processes on this node. 1 when not distributed."""
-    return _known(_state.view().local_world_size, "local_world_size")
+    return _state.view().require("local_world_size")
 
 
 def get_node_rank() -> int:
     """Index of this node. 0 when not distributed (also under torchrun, via ``GROUP_RANK``)."""
-    return _known(_state.view().node_rank, "node_rank")
+    return _state.view().require("node_rank")
 
 
 def get_num_nodes() -> int:
     """Number of nodes in the job. 1 when not distributed."""
-    return _known(_state.view().num_nodes, "num_nodes")
+    return _state.view().require("num_nodes")
 
 
 def is_main_process() -> bool:
     """True on global rank 0 (and in a single process)."""
     return _state.view().rank == 0
-
-
-def _known(value: int | None, name: str) -> int:
-    if value is None:
-        reading = _state.view()
-        raise TopologyError(
-            f"{name} is unknown: the {reading.launcher!r} environment does not set it and "
-            "unidist.initialize() has not worked it out yet. HINT: call unidist.initialize() on "
-            "every rank first, or set LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK."
-        )
-    return value
 
 
 def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
@@ -186,25 +175,20 @@ def _check_rank(rank: int, size: int, what: str) -> None:
 @contextlib.contextmanager
 def _report_to_waiters(me: int, what: str, timeout: float | timedelta | None) -> Iterator[None]:
     """On a first rank: run the block, then tell the waiting ranks how it went."""
-    from unidist.sync import exchange
-
     try:
         yield
     except BaseException as exc:
         report = "".join(traceback.format_exception(exc))[-4000:]
         with contextlib.suppress(Exception):  # the waiters time out if this fails too
-            exchange(report, True, [me], timeout, what)
+            sync.exchange(report, True, [me], timeout, what)
         raise
-    exchange(None, True, [me], timeout, what)
+    sync.exchange(None, True, [me], timeout, what)
 
 
 def _wait_for(first: int, what: str, timeout: float | timedelta | None) -> None:
     """On a waiting rank: wait (bounded) for ``first``, and raise if it failed."""
-    from unidist.sync import exchange
-
-    report = exchange(None, False, [first], timeout, f"waiting for rank {first} to finish {what}")[
-        first
-    ]
+    waiting = f"waiting for rank {first} to finish {what}"
+    report = sync.exchange(None, False, [first], timeout, waiting)[first]
     if report is not None:
         raise RemoteError(
             f"rank {first} raised inside {what}, so rank {_state.view().rank} did not run the "

@@ -23,9 +23,9 @@ import torch
 from torch.utils.data import IterableDataset
 
 from unidist import ranks
-from unidist._native import native_sampler
-from unidist._passes import PassSampler, check_flag, check_int
-from unidist._permute import (
+from unidist._sampling.native import SamplerRequest, native_sampler
+from unidist._sampling.passes import PassSampler, check_flag, check_int
+from unidist._sampling.permute import (
     MASK64,
     IdentityOrder,
     Order,
@@ -377,9 +377,8 @@ def get_sampler(
                 f"native samplers pad every rank to the same count; mode={mode!r} is unidist's. "
                 "HINT: use native=False for exact-once evaluation."
             )
-        return native_sampler(
-            native, dataset, sampler, shuffle is not False, drop_last, seed, me, world
-        )
+        request = SamplerRequest(dataset, sampler, shuffle is not False, drop_last, seed, me, world)
+        return native_sampler(native, request)
     if sampler is not None:
         return DistributedSamplerWrapper(
             sampler, seed=seed, drop_last=drop_last, mode=mode, rank=rank, world_size=world_size

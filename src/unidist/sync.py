@@ -1,7 +1,8 @@
-"""Waits that involve every rank: barriers (optionally with their own deadline) and exchanges.
+"""Waits that involve every rank: barriers (optionally with their own deadline), exchanges, flags.
 
-Waits with a deadline go through unidist's control store (:mod:`unidist._control`): a collective
-cannot be abandoned cleanly, a store wait can, and the missing keys name the missing ranks.
+Waits with a deadline go through unidist's control store (:mod:`unidist._comm.control`): a
+collective cannot be abandoned cleanly, a store wait can, and the missing keys name the missing
+ranks. Features above (one-rank helpers, the microbatch vote) use these, never the store itself.
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from unidist import _state, collectives
-from unidist.groups import Group, fail, members, to_seconds
+from unidist import _env, collectives, lifecycle
+from unidist.errors import translate_errors
+from unidist.groups import Group, members
 
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["barrier", "exchange", "timed_barrier"]
+__all__ = ["Flag", "barrier", "exchange", "timed_barrier"]
 
 
 def barrier(timeout: float | timedelta | None = None, *, group: Group | None = None) -> None:
@@ -31,37 +33,35 @@ def barrier(timeout: float | timedelta | None = None, *, group: Group | None = N
     Raises:
         DistributedTimeoutError: not every rank arrived in time.
     """
-    s = _state.session("barrier")
-    size, handle, _ = members(s, group, "barrier")
+    session = lifecycle.session_for("barrier")
+    size, handle, _ = members(session, group, "barrier")
     if timeout is not None:
-        to_seconds(timeout)
+        _env.timeout_seconds(timeout)
     if size == 1:
         return
     if timeout is None:
-        try:
-            s.adapter.barrier(handle)
-        except RuntimeError as exc:
-            raise fail(exc, f"barrier over {size} ranks") from exc
+        with translate_errors(f"barrier over {size} ranks"):
+            session.adapter.barrier(handle)
         return
-    timed_barrier(s, group, timeout, f"barrier over {size} ranks")
+    timed_barrier(session, group, timeout, f"barrier over {size} ranks")
 
 
-def timed_barrier(s: Session, group: Group | None, timeout: float | timedelta, what: str) -> None:
+def timed_barrier(
+    session: Session, group: Group | None, timeout: float | timedelta, what: str
+) -> None:
     """A barrier that gives up after ``timeout`` on every rank and names the missing ranks.
 
-    It goes through unidist's control store (see :mod:`unidist._control`): a collective cannot
-    be abandoned cleanly, a store wait can. Without a control store (an adapter that is not
+    It goes through unidist's control store (see :mod:`unidist._comm.control`): a collective
+    cannot be abandoned cleanly, a store wait can. Without a control store (an adapter that is not
     built on torch.distributed) it is the adapter's barrier, bounded by the session timeout.
     """
-    seconds = to_seconds(timeout)
-    if s.plane is None:
-        try:
-            s.adapter.barrier(group.handle if group is not None else None)
-        except RuntimeError as exc:
-            raise fail(exc, what) from exc
+    seconds = _env.timeout_seconds(timeout)
+    if session.plane is None:
+        with translate_errors(what):
+            session.adapter.barrier(group.handle if group is not None else None)
         return
-    members = group.ranks if group is not None else range(s.topology.world_size)
-    s.plane.barrier(tuple(members), seconds, what)
+    ranks = group.ranks if group is not None else range(session.topology.world_size)
+    session.plane.barrier(tuple(ranks), seconds, what)
 
 
 def exchange(
@@ -74,13 +74,47 @@ def exchange(
     """Every rank calls it: publishers send ``value``; each rank gets the values of ``wait_for``.
 
     The waiting ranks give up after ``timeout`` (default: the session timeout) with an error
-    that names the ranks they waited for. Used by one_rank_first and one_rank_only.
+    that names the ranks they waited for. Used by one_rank_first, one_rank_only and the
+    microbatch vote.
     """
-    s = _state.session(what)
-    seconds = to_seconds(timeout if timeout is not None else s.timeout)
-    if s.plane is not None:
-        return s.plane.exchange(
-            tuple(range(s.topology.world_size)), value, publish, wait_for, seconds, what
+    session = lifecycle.session_for(what)
+    seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
+    if session.plane is not None:
+        return session.plane.exchange(
+            tuple(range(session.topology.world_size)), value, publish, wait_for, seconds, what
         )
     everyone = collectives.all_gather_object((publish, value if publish else None))
     return {rank: everyone[rank][1] for rank in wait_for}
+
+
+class Flag:
+    """A flag that any rank raises and every rank looks at without waiting (on the control store).
+
+    Each rank builds it from the same parts (``Flag(session, "microbatch", 3, 7)``), so they all
+    name the same key. Without a control store (an adapter that is not built on
+    torch.distributed) or in a single process there is nothing to look at: :attr:`usable` is
+    False, :meth:`is_raised` is always False and the other methods do nothing.
+    """
+
+    def __init__(self, session: Session, *parts: object) -> None:
+        self.name = "/".join(str(part) for part in parts)
+        self._plane = session.plane if session.topology.world_size > 1 else None
+
+    @property
+    def usable(self) -> bool:
+        """Whether other ranks can see this flag."""
+        return self._plane is not None
+
+    def raise_flag(self) -> None:
+        """Raise the flag (visible to every rank at once; it never waits)."""
+        if self._plane is not None:
+            self._plane.raise_flag(self.name)
+
+    def is_raised(self) -> bool:
+        """Whether some rank raised the flag (one store round trip; never waits)."""
+        return self._plane is not None and self._plane.flag_is_raised(self.name)
+
+    def lower(self) -> None:
+        """Delete the flag (call it once no rank can still be looking at it)."""
+        if self._plane is not None:
+            self._plane.lower_flag(self.name)

@@ -13,9 +13,9 @@ Quirks of Ignite 0.5 that this adapter normalises, so it answers exactly like th
 Inside ``idist.Parallel`` (or after ``idist.initialize``) the adapter adopts Ignite's live context
 instead of creating a second one, and leaves its teardown to Ignite.
 
-Beyond the adapter contract, :func:`auto_model` and :func:`auto_optim` hand model and optimizer
-wrapping to Ignite's own ``idist.auto_model``/``auto_optim`` (``unidist.auto_model(...,
-via="ignite")``).
+This file holds the adapter contract only. Ignite's own model and optimizer wrapping
+(``unidist.auto_model(..., via="ignite")``) and its samplers are an integration:
+:mod:`unidist.integrations.ignite`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from unidist.adapters._rendezvous import rank_zero_store_closes_first
+from unidist.adapters._torchdist import rank_zero_store_closes_first
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -35,9 +35,7 @@ if TYPE_CHECKING:
     from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
 
-__all__ = ["IgniteAdapter", "auto_model", "auto_optim"]
-
-OptimizerT = TypeVar("OptimizerT", bound="torch.optim.Optimizer")
+__all__ = ["IgniteAdapter"]
 
 _OPS = {"sum": "SUM", "min": "MIN", "max": "MAX", "product": "PRODUCT", "band": "AND", "bor": "OR"}
 
@@ -151,65 +149,3 @@ def _ignite_context_is_live() -> bool:
 
     model = getattr(utils, "_model", None)
     return getattr(model, "name", "serial") != "serial"
-
-
-# --- Beyond the adapter contract: Ignite's own model and optimizer wrapping --------------------
-
-
-def auto_model(
-    model: torch.nn.Module,
-    *,
-    sync_bn: bool = False,
-    device: torch.device | str | None = None,
-    **kwargs: Any,
-) -> torch.nn.Module:
-    """``ignite.distributed.auto_model`` inside the unidist session (``unidist.auto_model(via=
-    "ignite")``). Call it on every rank.
-
-    With several processes Ignite wraps the model (DDP with native backends, a parameter
-    broadcast with Horovod); the process group is adopted by Ignite first (collective). In a
-    single process the model is only moved to :func:`unidist.device`: Ignite would wrap it in
-    ``DataParallel`` on a multi-GPU host (pytorch/ignite#2447).
-
-    Args:
-        model: an unwrapped module.
-        sync_bn: convert BatchNorm to SyncBatchNorm (native backends, several processes).
-        device: must be None or Ignite's own ``idist.device()``: Ignite places the model there.
-        **kwargs: passed to ``DistributedDataParallel`` by Ignite.
-    """
-    from unidist import devices, lifecycle
-    from unidist.ranks import get_world_size
-
-    if get_world_size() == 1:
-        return model.to(
-            devices.device(device or "auto") if isinstance(device, str | None) else device
-        )
-    import ignite.distributed as idist
-    import torch
-
-    with lifecycle.use("ignite"):
-        wanted = devices.device(device) if isinstance(device, str) else device
-        if sync_bn:
-            from unidist.parallel._apply import refuse_cpu_sync_batchnorm
-
-            refuse_cpu_sync_batchnorm(idist.device())
-        if wanted is not None and torch.device(wanted) != idist.device():
-            raise ConfigurationError(
-                f"auto_model(via='ignite', device={device!r}): Ignite places the model on "
-                f"idist.device() = {idist.device()}. HINT: drop device=, or drop via='ignite'."
-            )
-        return idist.auto_model(model, sync_bn=sync_bn, **kwargs)
-
-
-def auto_optim(optimizer: OptimizerT, **kwargs: Any) -> OptimizerT:
-    """``ignite.distributed.auto_optim`` inside the unidist session (``via="ignite"``).
-
-    Native backends get the optimizer back unchanged; XLA gets Ignite's subclass whose
-    ``step()`` calls ``xm.optimizer_step``; Horovod gets ``hvd.DistributedOptimizer``.
-    """
-    import ignite.distributed as idist
-
-    from unidist import lifecycle
-
-    with lifecycle.use("ignite"):
-        return cast("OptimizerT", idist.auto_optim(optimizer, **kwargs))

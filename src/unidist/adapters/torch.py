@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from unidist.adapters._torchdist import gather
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -16,17 +17,7 @@ if TYPE_CHECKING:
     from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
 
-__all__ = ["TorchAdapter", "gather", "init_method_for"]
-
-
-def gather(tensor: torch.Tensor, group: Any) -> list[torch.Tensor]:
-    """``torch.distributed.all_gather`` into a list sized by ``group`` (the world for None)."""
-    import torch
-    import torch.distributed as dist
-
-    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(out, tensor, group=group)
-    return out
+__all__ = ["TorchAdapter", "init_method_for"]
 
 
 def init_method_for(env: EnvReading) -> str:

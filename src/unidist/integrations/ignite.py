@@ -1,31 +1,113 @@
-"""Automatic microbatching for PyTorch-Ignite: a drop-in for ``create_supervised_trainer``.
+"""Ignite integration: model and optimizer wrapping, microbatching trainers and samplers for Ignite.
 
-:func:`microbatch_training_step` builds an ``Engine`` update function with the arguments of
-``ignite.engine.supervised_training_step`` (plus AMP); :func:`create_microbatch_trainer` builds the
-``Engine`` with the arguments of ``create_supervised_trainer``. Each iteration's batch is split
-by a :class:`unidist.MicroBatcher`, so an out-of-memory error on any rank makes every rank retry
-the batch with smaller microbatches; ``engine.state.microbatch_size`` holds the current size.
+* :func:`auto_model` and :func:`auto_optim` hand model and optimizer wrapping to Ignite's own
+  ``idist.auto_model``/``auto_optim`` inside the unidist session (``unidist.auto_model(...,
+  via="ignite")``).
+* :func:`microbatch_training_step` and :func:`create_microbatch_trainer`: automatic
+  microbatching, a drop-in for ``create_supervised_trainer`` (below).
+* :func:`native_sampler`: what Ignite's ``auto_dataloader`` injects, for
+  ``unidist.get_sampler(native="ignite")``.
+
+The adapter (:mod:`unidist.adapters.ignite`) only runs collectives through ``idist``; everything
+here is built on unidist's neutral modules. Ignite is imported when these functions are called,
+never when unidist is imported.
+
+Microbatching: :func:`microbatch_training_step` builds an ``Engine`` update function with the
+arguments of ``ignite.engine.supervised_training_step`` (plus AMP);
+:func:`create_microbatch_trainer` builds the ``Engine`` with the arguments of
+``create_supervised_trainer``. Each iteration's batch is split by a :class:`unidist.MicroBatcher`,
+so an out-of-memory error on any rank makes every rank retry the batch with smaller microbatches;
+``engine.state.microbatch_size`` holds the current size.
 
 ``prepare_batch`` runs per microbatch, so only one microbatch at a time is moved to the device.
 ``output_transform`` receives the whole batch: ``x``, ``y`` and ``y_pred`` are the microbatches'
 values concatenated along dim 0 (``y_pred`` detached), and ``loss`` is the batch loss.
-
-Ignite is imported when these functions are called, never when unidist is imported.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from unidist import devices, lifecycle
+from unidist._sampling.native import SamplerRequest, torch_sampler
 from unidist.errors import AdapterUnavailableError, ConfigurationError
+from unidist.integrations import import_framework
 from unidist.microbatch import MicroBatcher, SizePolicy
+from unidist.parallel._apply import refuse_cpu_sync_batchnorm
+from unidist.ranks import get_world_size
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["create_microbatch_trainer", "microbatch_training_step"]
+__all__ = [
+    "auto_model",
+    "auto_optim",
+    "create_microbatch_trainer",
+    "microbatch_training_step",
+    "native_sampler",
+]
+
+OptimizerT = TypeVar("OptimizerT", bound="torch.optim.Optimizer")
+
+
+# -- model and optimizer -----------------------------------------------------------------------
+
+
+def auto_model(
+    model: torch.nn.Module,
+    *,
+    sync_bn: bool = False,
+    device: torch.device | str | None = None,
+    **kwargs: Any,
+) -> torch.nn.Module:
+    """``ignite.distributed.auto_model`` inside the unidist session (``unidist.auto_model(via=
+    "ignite")``). Call it on every rank.
+
+    With several processes Ignite wraps the model (DDP with native backends, a parameter
+    broadcast with Horovod); the process group is adopted by Ignite first (collective). In a
+    single process the model is only moved to :func:`unidist.device`: Ignite would wrap it in
+    ``DataParallel`` on a multi-GPU host (pytorch/ignite#2447).
+
+    Args:
+        model: an unwrapped module.
+        sync_bn: convert BatchNorm to SyncBatchNorm (native backends, several processes).
+        device: must be None or Ignite's own ``idist.device()``: Ignite places the model there.
+        **kwargs: passed to ``DistributedDataParallel`` by Ignite.
+    """
+    if get_world_size() == 1:
+        return model.to(
+            devices.device(device or "auto") if isinstance(device, str | None) else device
+        )
+    import ignite.distributed as idist
+    import torch
+
+    with lifecycle.use("ignite"):
+        wanted = devices.device(device) if isinstance(device, str) else device
+        if sync_bn:
+            refuse_cpu_sync_batchnorm(idist.device())
+        if wanted is not None and torch.device(wanted) != idist.device():
+            raise ConfigurationError(
+                f"auto_model(via='ignite', device={device!r}): Ignite places the model on "
+                f"idist.device() = {idist.device()}. HINT: drop device=, or drop via='ignite'."
+            )
+        return idist.auto_model(model, sync_bn=sync_bn, **kwargs)
+
+
+def auto_optim(optimizer: OptimizerT, **kwargs: Any) -> OptimizerT:
+    """``ignite.distributed.auto_optim`` inside the unidist session (``via="ignite"``).
+
+    Native backends get the optimizer back unchanged; XLA gets Ignite's subclass whose
+    ``step()`` calls ``xm.optimizer_step``; Horovod gets ``hvd.DistributedOptimizer``.
+    """
+    import ignite.distributed as idist
+
+    with lifecycle.use("ignite"):
+        return cast("OptimizerT", idist.auto_optim(optimizer, **kwargs))
+
+
+# -- microbatching -----------------------------------------------------------------------------
 
 
 def _prepare_batch(batch: Sequence[Any], device: Any = None, non_blocking: bool = False) -> Any:
@@ -228,3 +310,28 @@ def _concat(parts: list[Any]) -> Any:
     if isinstance(first, dict):
         return {key: _concat([p[key] for p in parts]) for key in first}
     return parts
+
+
+# -- samplers ----------------------------------------------------------------------------------
+
+
+def native_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampler[Any]:
+    """What Ignite's ``auto_dataloader`` injects (``unidist.get_sampler(native="ignite")``).
+
+    torch's ``DistributedSampler`` for a dataset; ``DistributedProxySampler`` around ``sampler``.
+
+    Raises:
+        ConfigurationError: ``drop_last`` with ``sampler``: Ignite's proxy always pads.
+        AdapterUnavailableError: Ignite is not installed (only needed with ``sampler``).
+    """
+    if request.sampler is None:  # Ignite's auto_dataloader injects torch's sampler for datasets
+        return torch_sampler(request)
+    if request.drop_last:
+        raise ConfigurationError(
+            "Ignite's DistributedProxySampler always pads; it has no drop_last. "
+            "HINT: use native=False (unidist's DistributedSamplerWrapper) to drop the tail."
+        )
+    auto = import_framework("ignite.distributed.auto", "ignite", "native='ignite'")
+    return auto.DistributedProxySampler(  # type: ignore[no-any-return]
+        request.sampler, num_replicas=request.world, rank=request.rank
+    )

@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["classify", "prepare_rank", "record_done", "record_error"]
+__all__ = ["classify", "die_with_parent", "prepare_rank", "record_done", "record_error"]
 
 EVENTS = "UNIDIST_EVENTS"
 
@@ -60,17 +60,26 @@ def prepare_rank() -> None:
     """Set up this rank: variables, signal handling, death with the parent; record the start."""
     if "GROUP_RANK" in os.environ:
         os.environ.setdefault("NODE_RANK", os.environ["GROUP_RANK"])
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     for sig in (signal.SIGTERM, signal.SIGINT):
         faulthandler.register(sig, all_threads=True, chain=True)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     _defer_group_destruction()
     _write("start", {})
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans); elsewhere, nothing.
+
+    Used by the launcher's ranks and by :func:`unidist.testing.run_distributed`'s.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 _kept_groups: list[Any] = []

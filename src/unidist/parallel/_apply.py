@@ -13,19 +13,14 @@ from unidist._workarounds import GLOO_NO_AVG_ALL_REDUCE
 from unidist.errors import ConfigurationError
 from unidist.parallel._checks import wrap_classes
 from unidist.parallel._gloo import correct_gloo_averaging
-from unidist.parallel.config import MESH_DIM_NAMES, DDPConfig
+from unidist.parallel.strategies import MESH_DIM_NAMES, DDPConfig
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from unidist.parallel.config import (
-        Degrees,
-        FSDP2Config,
-        FSDPConfig,
-        ParallelismConfig,
-        TPConfig,
-    )
+    from unidist.parallel.config import ParallelismConfig
+    from unidist.parallel.strategies import Degrees, FSDP2Config, FSDPConfig, TPConfig
 
 __all__ = ["apply", "refuse_cpu_sync_batchnorm", "tp_plan"]
 
@@ -102,9 +97,9 @@ def _refuse_wrapped(model: Any) -> None:
 
 
 def _require_torch_group() -> None:
-    from unidist import _state
+    from unidist import lifecycle
 
-    session = _state.session("wrapping the model for data parallelism")
+    session = lifecycle.session_for("wrapping the model for data parallelism")
     if not session.torch_backed:
         raise ConfigurationError(
             f"the {session.adapter.name!r} adapter does not run on torch.distributed, which "

@@ -1,4 +1,4 @@
-"""Checks behind :mod:`unidist.parallel.config`: values, degrees against the world, the model."""
+"""Checks behind :mod:`unidist.parallel`: values, degrees against the world, the model."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from unidist.errors import ConfigurationError
 if TYPE_CHECKING:
     import torch
 
-    from unidist.parallel.config import Degrees, ParallelismConfig
+    from unidist.parallel.config import ParallelismConfig
+    from unidist.parallel.strategies import Degrees
 
 __all__ = [
     "check_bool",
@@ -122,7 +123,7 @@ def mixed_precision_dtypes(value: Any, owner: str) -> dict[str, str]:
 
 def resolve_degrees(
     entries: list[tuple[str | None, int]], world_size: int, *, tp_alone: bool
-) -> Degrees:
+) -> tuple[int, int, int]:
     """Fill the one -1 of (replicate, shard, tensor) so that they multiply to ``world_size``.
 
     Args:
@@ -130,9 +131,10 @@ def resolve_degrees(
             (DDP replicates over all ranks; TP alone has no data-parallel dimension).
         world_size: the number of ranks.
         tp_alone: tensor parallelism without a data-parallel strategy.
-    """
-    from unidist.parallel.config import Degrees
 
+    Returns:
+        The (replicate, shard, tensor) degrees.
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigurationError(f"world_size={world_size!r} must be a positive integer.")
     named = [(label, value) for label, value in entries if label is not None]
@@ -158,7 +160,7 @@ def resolve_degrees(
             "to the world size. HINT: set one of them to -1 to infer it, or run with "
             f"{known} ranks."
         )
-    return Degrees(replicate=values[0], shard=values[1], tensor=values[2])
+    return values[0], values[1], values[2]
 
 
 def _tp_alone_error(tensor: int, world_size: int) -> ConfigurationError:

@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from unidist._workarounds import GLOO_AVG_SUMS
+from unidist.parallel.strategies import MESH_DIM_NAMES
 
 if TYPE_CHECKING:
     import torch
 
 __all__ = ["GlooAverageFix", "correct_gloo_averaging"]
 
-_SHARD_DIM_NAME = "data_parallel_shard"
+_SHARD_DIM_NAME = MESH_DIM_NAMES[1]
 
 
 class _Divide:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from importlib.util import find_spec
 from typing import Any
 
-from unidist.testing._spawn import DistributedTestError, DistributedTestTimeout, run_distributed
+from unidist.testing._harness import DistributedTestError, DistributedTestTimeout, run_distributed
 from unidist.testing.conformance import CLAUSES, ConformanceError
 from unidist.testing.oom import OOMBudget
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import unidist
-from unidist import _env, _state
+from unidist import _env, lifecycle
 from unidist.errors import ConfigurationError, RemoteError, UnidistError
 
 __all__ = ["CLAUSES", "ConformanceError", "run_clauses"]
@@ -288,7 +288,7 @@ def clause_primitives() -> None:
     import torch
 
     rank, world = _rank_world()
-    adapter = _state.session("conformance").adapter
+    adapter = lifecycle.session_for("conformance").adapter
     if world == 1:
         return
     reduced = adapter.all_reduce(torch.tensor([rank + 1.0]), "sum", None)

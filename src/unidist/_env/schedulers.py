@@ -1,7 +1,7 @@
 """Parsers for the variables of schedulers and MPI launchers: SLURM, OpenMPI, MPICH, MVAPICH.
 
 They take the environment as a mapping (reading it is :mod:`unidist._env`'s job) and return an
-:class:`~unidist._topology.EnvReading`. SLURM host lists are expanded here because ``scontrol
+:class:`~unidist._env.topology.EnvReading`. SLURM host lists are expanded here because ``scontrol
 show hostnames`` is not always installed on compute nodes.
 """
 
@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from unidist._topology import EnvReading, finish, int_var, port_var
+from unidist._env.topology import EnvReading, finish, int_var, port_var
 from unidist.errors import TopologyError
 
 __all__ = ["MPI_FLAVOURS", "expand_hostlist", "from_mpi", "from_slurm", "is_srun_step"]

@@ -1,4 +1,12 @@
-"""Helpers for adapters whose framework starts a fresh ``env://`` rendezvous on every initialize."""
+"""The ``torch.distributed`` helpers that several built-in adapters share.
+
+* :func:`gather`: ``all_gather`` into a list sized by the group (Composer sizes it by the world).
+* :func:`rank_zero_store_closes_first`: a teardown for frameworks that start a fresh ``env://``
+  rendezvous on every initialize (Composer, Ignite).
+
+Adapters import this module, the contract (:mod:`unidist.adapters.base`), the environment
+(:mod:`unidist._env`) and the errors, nothing else (an import contract checks it).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,24 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from unidist._env import EnvReading
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["rank_zero_store_closes_first"]
+    from unidist._env import EnvReading
+
+__all__ = ["gather", "rank_zero_store_closes_first"]
+
+
+def gather(tensor: torch.Tensor, group: Any) -> list[torch.Tensor]:
+    """``torch.distributed.all_gather`` into a list sized by ``group`` (the world for None)."""
+    import torch
+    import torch.distributed as dist
+
+    out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, tensor, group=group)
+    return out
 
 
 @contextlib.contextmanager

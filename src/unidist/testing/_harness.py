@@ -30,6 +30,7 @@ from typing import Any
 
 from unidist import _env
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
+from unidist.launch._rank import die_with_parent
 
 __all__ = ["DistributedTestError", "DistributedTestTimeout", "run_distributed"]
 
@@ -366,7 +367,7 @@ def _load(workdir: str, rank: int, exitcode: int | None) -> _Outcome:
 def _worker(job: _Job) -> None:
     """Entry point of each rank's process."""
     os.setpgrp()  # own process group: killing it takes DataLoader workers along
-    _die_with_parent()
+    die_with_parent()  # if the fork server (its parent) dies
     out = open(Path(job.workdir, f"rank{job.rank}.out"), "w")  # noqa: SIM115 - fd for dup2
     err = open(Path(job.workdir, f"rank{job.rank}.err"), "w")  # noqa: SIM115
     os.dup2(out.fileno(), 1)
@@ -418,17 +419,6 @@ def _write_outcome(job: _Job, outcome: _Outcome) -> None:
     tmp.replace(path)
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this rank if the fork server (its parent) dies."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 # -- the fork server ---------------------------------------------------------------------------
 
 _FRAMEWORKS = ("composer.utils.dist", "ignite.distributed")
@@ -456,7 +446,7 @@ def _context() -> Any:
             else [name for name in _FRAMEWORKS if find_spec(name.partition(".")[0]) is not None]
         )
         context.set_forkserver_preload(
-            ["torch", "torch.distributed", "unidist", "unidist.testing._spawn", *extra]
+            ["torch", "torch.distributed", "unidist", "unidist.testing._harness", *extra]
         )
         _context_cache = context
     return _context_cache

@@ -12,7 +12,7 @@ import torch
 
 import unidist
 from tests.test_cli import run_cli
-from unidist.hardware import format_probe, show_probe
+from unidist.diagnostics import format_probe, show_probe
 
 OPT_STR = (str, type(None))
 OPT_INT = (int, type(None))
@@ -185,7 +185,7 @@ def test_probe_lists_gpus_and_picks_the_local_ranks(monkeypatch: pytest.MonkeyPa
     for name, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3"}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    monkeypatch.setattr(unidist.lifecycle, "available_backends", lambda: ("gloo", "nccl"))
+    monkeypatch.setattr(unidist.devices, "available_backends", lambda: ("gloo", "nccl"))
     out = io.StringIO()
     info = show_probe(file=out)
     assert violations(json.loads(json.dumps(info)), SCHEMA) == []

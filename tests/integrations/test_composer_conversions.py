@@ -35,7 +35,7 @@ def world_of_four(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cpu_device() -> None:
     from composer.devices import DeviceCPU
 
-    from unidist.adapters.composer import to_composer_device
+    from unidist.integrations.composer import to_composer_device
 
     assert isinstance(to_composer_device("cpu"), DeviceCPU)
     assert isinstance(to_composer_device(torch.device("cpu")), DeviceCPU)
@@ -44,7 +44,7 @@ def test_cpu_device() -> None:
 def test_gpu_device_uses_the_local_ranks_index(monkeypatch: pytest.MonkeyPatch) -> None:
     from composer.devices import DeviceGPU
 
-    from unidist.adapters.composer import to_composer_device
+    from unidist.integrations.composer import to_composer_device
 
     current: list[int] = [0]
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
@@ -75,7 +75,7 @@ def test_gpu_device_uses_the_local_ranks_index(monkeypatch: pytest.MonkeyPatch) 
 def test_mps_device(monkeypatch: pytest.MonkeyPatch) -> None:
     from composer.devices import DeviceMPS
 
-    from unidist.adapters.composer import to_composer_device
+    from unidist.integrations.composer import to_composer_device
 
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     monkeypatch.setattr(torch.backends.mps, "is_built", lambda: True)
@@ -83,7 +83,7 @@ def test_mps_device(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_missing_runtimes_are_reported_by_unidist(monkeypatch: pytest.MonkeyPatch) -> None:
-    from unidist.adapters.composer import to_composer_device
+    from unidist.integrations.composer import to_composer_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)

@@ -1,4 +1,4 @@
-"""The only module that reads (or writes) environment variables.
+"""The only package that reads (or writes) environment variables, and parses unidist's settings.
 
 :func:`read` turns the variables of whatever started this process into one frozen
 :class:`EnvReading`: torchrun/torchelastic, ``unidist launch``, Composer's launcher, Ignite's
@@ -8,6 +8,10 @@
 
 Precedence: the torch variables (``RANK``/``WORLD_SIZE``/...) win over SLURM and MPI, because a
 torch launcher started inside an allocation (``srun torchrun ...``) sets them for its workers.
+
+:mod:`unidist._env.topology` holds the values (:class:`Topology`, :class:`EnvReading`) and the
+checks every launcher's values pass; :mod:`unidist._env.schedulers` parses SLURM's and MPI's
+variables. Only this module touches ``os.environ`` (ruff's banned-API rule enforces it).
 """
 
 from __future__ import annotations
@@ -16,20 +20,34 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
-from unidist._schedulers import MPI_FLAVOURS, expand_hostlist, from_mpi, from_slurm, is_srun_step
-from unidist._topology import EnvReading, Topology, finish, int_var, port_var
+from unidist._env.schedulers import (
+    MPI_FLAVOURS,
+    expand_hostlist,
+    from_mpi,
+    from_slurm,
+    is_srun_step,
+)
+from unidist._env.topology import EnvReading, Topology, finish, int_var, port_var
 from unidist.errors import ConfigurationError, TopologyError
 
 __all__ = [
     "EnvReading",
+    "LAUNCHER_MARKER",
     "Settings",
     "Topology",
+    "current",
     "expand_hostlist",
+    "is_set",
     "patched",
     "read",
     "read_settings",
-    "torch_variables",
+    "replace_all",
+    "restore",
+    "set_variables",
+    "snapshot",
+    "timeout_seconds",
 ]
 
 #: Set by ``unidist launch`` and the test harness in every process they start.
@@ -114,6 +132,22 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+def timeout_seconds(timeout: float | timedelta) -> float:
+    """Seconds in a ``timeout=`` argument: a positive number of seconds or a timedelta.
+
+    The one converter for every ``timeout=`` unidist takes (``UNIDIST_TIMEOUT`` is read above).
+
+    Raises:
+        ConfigurationError: zero, a negative value, or not a number.
+    """
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if not isinstance(seconds, int | float) or not seconds > 0:
+        raise ConfigurationError(
+            f"timeout={timeout!r} must be a positive number of seconds or a timedelta."
+        )
+    return float(seconds)
+
+
 def _launcher_of_torch_variables(env: Mapping[str, str]) -> tuple[str, str]:
     if env.get(LAUNCHER_MARKER):
         return "unidist", f"{LAUNCHER_MARKER}={env[LAUNCHER_MARKER]} (unidist launch)"
@@ -191,25 +225,6 @@ def _node_rank_from_torch_variables(env: Mapping[str, str]) -> tuple[int | None,
 
 
 # -- writing -----------------------------------------------------------------------------------
-
-
-def torch_variables(
-    topology: Topology, master_addr: str | None, master_port: int | None
-) -> dict[str, str]:
-    """The torch-launcher variables that describe ``topology`` (for frameworks that read them)."""
-    values = {
-        "RANK": str(topology.rank),
-        "WORLD_SIZE": str(topology.world_size),
-        "LOCAL_RANK": str(topology.local_rank),
-        "LOCAL_WORLD_SIZE": str(topology.local_world_size),
-        "NODE_RANK": str(topology.node_rank),
-        "GROUP_RANK": str(topology.node_rank),
-    }
-    if master_addr is not None:
-        values["MASTER_ADDR"] = master_addr
-    if master_port is not None:
-        values["MASTER_PORT"] = str(master_port)
-    return values
 
 
 @contextlib.contextmanager

@@ -1,9 +1,10 @@
 """Epochs, passes and resumable state shared by unidist's samplers.
 
-A *pass* is one iteration of the sampler: it reads this rank's :class:`~unidist._permute.Share`
-of one epoch, from the epoch's start or from where a resumed run stopped. The state that survives
-a restart is ``(seed, epoch, consumed)``, where ``consumed`` counts *global* positions of the
-epoch's order, so it means the same thing on any number of ranks.
+A *pass* is one iteration of the sampler: it reads this rank's
+:class:`~unidist._sampling.permute.Share` of one epoch, from the epoch's start or from where a
+resumed run stopped. The state that survives a restart is ``(seed, epoch, consumed)``, where
+``consumed`` counts *global* positions of the epoch's order, so it means the same thing on any
+number of ranks.
 
 How many samples the training loop has taken (as opposed to how many the sampler has handed to
 a prefetching DataLoader) is known, in order of preference, from ``state_dict(consumed=...)``,
@@ -21,7 +22,7 @@ from typing import Any
 from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
 from unidist import ranks
-from unidist._permute import Share
+from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
 
 __all__ = ["MODES", "STATE_FORMAT", "PassSampler", "check_flag", "check_int"]

@@ -3,7 +3,7 @@
 :class:`Topology` is what users get; :class:`EnvReading` is what one launcher's variables say
 (local values may be unknown until :func:`unidist.initialize` asks the other ranks).
 :func:`finish` checks ranges and cross-field consistency and derives what the values imply; every
-parser in :mod:`unidist._env` and :mod:`unidist._schedulers` ends with it.
+parser in :mod:`unidist._env` and :mod:`unidist._env.schedulers` ends with it.
 """
 
 from __future__ import annotations
@@ -106,6 +106,17 @@ class EnvReading:
             num_nodes=self.num_nodes,  # type: ignore[arg-type]
             launcher=self.launcher,
         )
+
+    def require(self, name: str) -> int:
+        """The local field ``name`` (``local_rank``, ...), or :class:`TopologyError` if unknown."""
+        value: int | None = getattr(self, name)
+        if value is None:
+            raise TopologyError(
+                f"{name} is unknown: the {self.launcher!r} environment does not set it and "
+                "unidist.initialize() has not worked it out yet. HINT: call unidist.initialize() "
+                "on every rank first, or set LOCAL_RANK, LOCAL_WORLD_SIZE and NODE_RANK."
+            )
+        return value
 
     def with_topology(self, topology: Topology, note: str) -> EnvReading:
         """A copy whose topology fields are replaced, with a note saying why."""
