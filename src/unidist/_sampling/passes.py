@@ -25,19 +25,29 @@ from unidist import ranks
 from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
 
-__all__ = ["MODES", "STATE_FORMAT", "PassSampler", "check_flag", "check_int"]
+__all__ = ["LIMIT", "MODES", "STATE_FORMAT", "PassSampler", "check_flag", "check_int"]
 
 MODES = ("train", "eval")
 STATE_FORMAT = "unidist.sampler/1"
+#: Lengths and epochs stay below this: indices and epochs are signed 64-bit integers in torch and
+#: numpy, and a larger length would wrap around into negative indices.
+LIMIT = 1 << 63
 
 
-def check_int(value: object, name: str, *, minimum: int | None = None) -> int:
-    """``value`` as an int (numpy integers too; bools refused), at least ``minimum``."""
+def check_int(
+    value: object, name: str, *, minimum: int | None = None, below: int | None = None
+) -> int:
+    """``value`` as an int (numpy integers too; bools refused), in ``[minimum, below)``."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ConfigurationError(f"{name} must be an int, got {value!r}.")
     value = operator.index(value)  # type: ignore[arg-type]
     if minimum is not None and value < minimum:
         raise ConfigurationError(f"{name} must be at least {minimum}, got {value}.")
+    if below is not None and value >= below:
+        limit = "2**63" if below == LIMIT else str(below)
+        raise ConfigurationError(
+            f"{name} must be below {limit} (a signed 64-bit integer), got {value}."
+        )
     return value
 
 
@@ -98,6 +108,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         world_size: int | None,
     ) -> None:
         # torch's __init__ is not called: it needs a process group and computes a padded length.
+        check_int(length, "the dataset's length", minimum=0, below=LIMIT)
         if mode not in MODES:
             raise ConfigurationError(f"mode={mode!r} is not one of {MODES}.")
         if mode == "eval" and drop_last:
@@ -115,7 +126,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         self.dataset = dataset
         self.num_replicas = world
         self.rank = rank
-        self.seed = check_int(seed, "seed")
+        self.seed = self._check_seed(seed, "seed")
         self.drop_last = check_flag(drop_last, "drop_last")
         self.mode = mode
         self._length = length
@@ -134,6 +145,10 @@ class PassSampler(_TorchDistributedSampler[int]):
     def _identity(self) -> dict[str, Any]:
         """Settings that define the global order; a state from other settings is refused."""
         raise NotImplementedError
+
+    def _check_seed(self, seed: object, name: str) -> int:
+        """The seed as an int; a subclass narrows the range its order can use."""
+        return check_int(seed, name)
 
     # -- torch-compatible surface ----------------------------------------------------------------
 
@@ -172,7 +187,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         previous pass's. After :meth:`load_state_dict`, ``set_epoch`` of the restored epoch keeps
         the restored position, so a loop that calls ``set_epoch(epoch)`` first thing resumes.
         """
-        epoch = check_int(epoch, "epoch", minimum=0)
+        epoch = check_int(epoch, "epoch", minimum=0, below=LIMIT)
         if self._pending and epoch == self._epoch:
             return
         self._epoch, self._start, self._used, self._pending = epoch, 0, False, False
@@ -294,13 +309,13 @@ class PassSampler(_TorchDistributedSampler[int]):
                 "samples left in its epoch cannot be worked out. HINT: build the sampler over "
                 "the same dataset with the same order settings as the run that saved it."
             )
-        epoch = check_int(state.get("epoch"), "state['epoch']", minimum=0)
+        epoch = check_int(state.get("epoch"), "state['epoch']", minimum=0, below=LIMIT)
         consumed = check_int(state.get("consumed"), "state['consumed']", minimum=0)
         if consumed > self._length:
             raise ConfigurationError(
                 f"state['consumed']={consumed} exceeds the dataset length {self._length}."
             )
-        self.seed = check_int(state.get("seed"), "state['seed']")
+        self.seed = self._check_seed(state.get("seed"), "state['seed']")
         self._epoch, self._start = epoch, consumed
         self._used, self._pending, self._pass = False, True, None
 
