@@ -93,7 +93,9 @@ class DistributedSampler(PassSampler):
             instead of padding with samples from the epoch's start (torch's default).
         mode: ``"train"``: every rank reads the same count (torch's behaviour). ``"eval"``:
             every sample exactly once across ranks, no padding (counts differ by at most one);
-            pair it with :func:`unidist.gather_in_order`.
+            pair it with :func:`unidist.gather_in_order`. Inside Composer's ``Trainer.eval()``,
+            which stops every rank when one runs out of batches, the shards are padded the way
+            torch pads them and Composer strips the padding, so each sample still counts once.
         order: ``"fast"``: a Feistel permutation computed per index; memory does not grow with
             the dataset and the first index comes at once (up to 65,536 samples, an exact
             stored shuffle instead, since Feistel networks on tiny domains are biased).

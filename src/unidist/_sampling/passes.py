@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,7 +26,15 @@ from unidist import ranks
 from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
 
-__all__ = ["LIMIT", "MODES", "STATE_FORMAT", "PassSampler", "check_flag", "check_int"]
+__all__ = [
+    "LIMIT",
+    "MODES",
+    "STATE_FORMAT",
+    "PassSampler",
+    "check_flag",
+    "check_int",
+    "composer_eval_running",
+]
 
 MODES = ("train", "eval")
 STATE_FORMAT = "unidist.sampler/1"
@@ -55,6 +64,23 @@ def check_flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name} must be True or False, got {value!r}.")
     return value
+
+
+def composer_eval_running() -> bool:
+    """Whether this thread is inside Composer's ``Trainer`` evaluation loop.
+
+    Cheap when Composer's trainer was never imported; otherwise a walk up this thread's stack
+    (the sampler is asked once per pass and once per ``len()``).
+    """
+    trainer = "composer.trainer.trainer"
+    if trainer not in sys.modules:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_eval_loop" and frame.f_globals.get("__name__") == trainer:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class _Pass:
@@ -174,7 +200,13 @@ class PassSampler(_TorchDistributedSampler[int]):
     @property
     def policy(self) -> str:
         if self.mode == "eval":
-            return "exact"
+            # Composer's Trainer.eval() stops every rank as soon as one runs out of batches, so
+            # shards of unequal length would lose the longer shards' last samples there. It
+            # strips the padding of torch's sampler itself (the last sample of the last batch on
+            # the last ranks), so inside its eval loop the shards are padded the way torch pads
+            # them: every sample is still evaluated exactly once.
+            uneven = self._length % self.num_replicas != 0
+            return "pad" if uneven and composer_eval_running() else "exact"
         return "drop" if self.drop_last else "pad"
 
     def __len__(self) -> int:
