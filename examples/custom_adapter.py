@@ -57,6 +57,7 @@ _OPS = {
 }
 
 
+# --8<-- [start:adapter]
 class CountingAdapter(NamedAdapter):
     """``torch.distributed`` with a count of every primitive call (``adapter.calls``)."""
 
@@ -124,6 +125,9 @@ class CountingAdapter(NamedAdapter):
     def new_group(self, ranks: Sequence[int]) -> Any:
         self.calls["new_group"] += 1
         return dist.new_group(ranks=list(ranks), timeout=self._timeout)
+
+
+# --8<-- [end:adapter]
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ help of ``unidist`` and of each subcommand, so the page can never disagree with 
 from __future__ import annotations
 
 import argparse
-import os
+import functools
 from typing import Any
 
 MARKER = "<!-- cli-reference -->"
@@ -15,7 +15,6 @@ MARKER = "<!-- cli-reference -->"
 
 def cli_reference() -> str:
     """Markdown: one section per command with its ``--help`` text."""
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix the width for the page
     from unidist.cli import _parser
 
     parser = _parser()
@@ -25,6 +24,8 @@ def cli_reference() -> str:
             sections += [(f"unidist {name}", sub) for name, sub in action.choices.items()]
     parts = []
     for title, sub in sections:
+        # argparse wraps to the terminal's width: fix it, so the page is the same everywhere.
+        sub.formatter_class = functools.partial(sub.formatter_class, width=100)  # type: ignore[assignment]
         parts.append(f"## `{title}`\n\n```text\n{sub.format_help().rstrip()}\n```\n")
     return "\n".join(parts)
 
