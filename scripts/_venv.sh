@@ -29,9 +29,11 @@ ensure_venv() {
   fi
   if [ "$(cat "$dir/.unidist-stamp" 2>/dev/null || true)" != "$stamp" ]; then
     echo "[setup:$label] pip install $* (torch is large: a few minutes the first time)"
+    local started=$SECONDS
     _quiet_pip "$dir/bin/python" -m pip install --quiet --upgrade pip
     _quiet_pip "$dir/bin/python" -m pip install --quiet "$@"
     echo "$stamp" > "$dir/.unidist-stamp"
+    echo "[setup:$label] installed in $((SECONDS - started))s"
   fi
 }
 
