@@ -84,6 +84,28 @@ def test_complete_lines_scroll_above_the_bars() -> None:
     assert screen(err.getvalue())[-1] == "[rank0]:  50%|#####"
 
 
+def test_nested_bars_that_move_the_cursor_up_stay_in_place() -> None:
+    # tqdm's bars at position 1 (Composer's Trainer): "\n", the bar, then ESC[A back up.
+    updates = ["\n\r" + bar.lstrip("\r") + "\x1b[A" for bar in bar_updates(10)]
+    err, piped = Terminal(), io.StringIO()
+    for stream in (err, piped):
+        renderer = Renderer(io.StringIO(), stream)
+        renderer.feed("e", "stderr", "[rank0]: ", "Config: ...\n")
+        for update in updates:
+            renderer.feed("e", "stderr", "[rank0]: ", update)
+        renderer.feed("e", "stderr", "[rank0]: ", "\n\ntrained\n")
+        renderer.finish("e", "stderr", "[rank0]: ")
+    # As a terminal shows it: the row the cursor went back to stays blank.
+    expected = [
+        "[rank0]: Config: ...",
+        "[rank0]:",
+        "[rank0]: 100%|##########|",
+        "[rank0]: trained",
+    ]
+    assert screen(err.getvalue()) == expected
+    assert piped.getvalue().splitlines() == expected
+
+
 def test_a_pipe_gets_complete_lines_throttled() -> None:
     now = [0.0]
     err = io.StringIO()

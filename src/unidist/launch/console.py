@@ -28,7 +28,8 @@ from unidist.errors import ConfigurationError
 __all__ = ["Console", "ConsoleSpec", "Renderer", "parse_ranks", "parse_std"]
 
 _STREAM_BITS = {"stdout": 1, "stderr": 2}
-_NEWLINES = re.compile(r"(\r\n|\r|\n)")
+#: A cursor movement (ESC[nA up, ESC[K erase to the end of the row), a line break, or text.
+_TOKENS = re.compile(r"\x1b\[(\d*)([AK])|(\r\n|\r|\n|[^\r\n\x1b]+|\x1b)")
 #: Seconds between two lines showing the same unfinished (carriage-return) line on a pipe.
 THROTTLE = 5.0
 
@@ -122,15 +123,77 @@ def parse_std(text: str | None, option: str) -> dict[int, int]:
     return values
 
 
-@dataclass
-class _Line:
-    """The unfinished line of one stream."""
+class _Screen:
+    """One stream's output as a terminal holds it: rows the cursor can still reach are live.
 
-    text: str = ""
-    carriage: bool = False  # a "\r" came: the next text replaces the line
-    since: float = 0.0  # when this line began
-    shown: str | None = None  # on a pipe: what was last printed of it
-    shown_at: float = 0.0
+    Text overwrites from the cursor, ``\r`` returns to the row's start, ``\n`` moves down, and
+    ``ESC[nA`` moves up (tqdm's nested bars, Composer's progress bars). A row is complete once
+    the cursor is further below it than it has ever moved up: nothing can change it any more.
+    Moving up past the live rows (the first time a program does it) reopens rows above; those
+    are complete again, unprinted, if nothing is written to them.
+    """
+
+    def __init__(self) -> None:
+        self.rows = [""]  # the live rows; rows[0] has the absolute number ``base``
+        self.base = 0
+        self.row = 0
+        self.col = 0
+        self.reach = 0  # the furthest the cursor ever moved up
+        self.reopened = 0  # rows[:reopened] were complete once already
+
+    def write(self, data: str) -> list[tuple[int, str]]:
+        """Apply ``data``; returns the rows it completed (absolute number, text)."""
+        done: list[tuple[int, str]] = []
+        for up, code, text in _TOKENS.findall(data):
+            if code == "A":
+                self._up(int(up or 1))
+            elif code == "K":
+                self.rows[self.row] = self.rows[self.row][: self.col]
+            elif text == "\r":
+                self.col = 0
+            elif text in ("\n", "\r\n"):
+                self.row, self.col = self.row + 1, 0
+                if self.row == len(self.rows):
+                    self.rows.append("")
+                done.extend(self._complete(self.row - self.reach))
+            elif text:
+                line = self.rows[self.row].ljust(self.col)
+                self.rows[self.row] = line[: self.col] + text + line[self.col + len(text) :]
+                self.col += len(text)
+        return done
+
+    def _up(self, count: int) -> None:
+        self.reach = max(self.reach, count)
+        above = min(count - self.row, self.base)
+        if above > 0:  # back into rows already printed: reopen them, blank
+            self.rows[:0] = [""] * above
+            self.base, self.row, self.reopened = self.base - above, self.row + above, above
+        self.row = max(self.row - count, 0)
+
+    def _complete(self, count: int) -> list[tuple[int, str]]:
+        if count <= 0:
+            return []
+        done = [
+            (self.base + i, text)
+            for i, text in enumerate(self.rows[:count])
+            if text or i >= self.reopened  # a reopened row nobody wrote to was printed already
+        ]
+        self.rows = self.rows[count:]
+        self.base, self.row = self.base + count, self.row - count
+        self.reopened = max(self.reopened - count, 0)
+        return done
+
+    def live(self) -> dict[int, str]:
+        """Absolute row number -> text, for the live rows that show something."""
+        return {self.base + i: text for i, text in enumerate(self.rows) if text.strip()}
+
+    def close(self) -> list[tuple[int, str]]:
+        """The stream ended: every row is complete, but blank rows at the end are only where the
+        cursor rested (after a bar cleared itself, say)."""
+        count = len(self.rows)
+        while count and not self.rows[count - 1].strip():
+            count -= 1
+        return self._complete(count)
 
 
 class _Sink:
@@ -176,54 +239,59 @@ class Renderer:
         err_sink = _Sink(err)
         out_sink = err_sink if _same_terminal(out, err) else _Sink(out)
         self._sinks = {"stdout": out_sink, "stderr": err_sink}
-        self._lines: dict[Hashable, _Line] = {}
+        self._screens: dict[Hashable, _Screen] = {}
+        self._since: dict[tuple[Hashable, int], float] = {}  # live row -> when it appeared
+        self._shown: dict[tuple[Hashable, int], tuple[str, float]] = {}  # on a pipe
         self._throttle = throttle
         self._clock = clock
 
     def feed(self, key: Hashable, stream: str, prefix: str, data: str) -> None:
         """Add output of one stream (``key``) of one rank."""
-        sink = self._sinks[stream]
-        line = self._lines.setdefault(key, _Line())
-        done: list[str] = []
-        now = self._clock()
-        for piece in _NEWLINES.split(data):
-            if piece in ("\n", "\r\n"):
-                if not (line.shown == line.text and not sink.tty):
-                    done.append(prefix + line.text)
-                line = self._lines[key] = _Line()
-            elif piece == "\r":
-                line.carriage = True
-            elif piece:
-                if not line.text:
-                    line.since = now
-                line.text = piece if line.carriage else line.text + piece
-                line.carriage = False
-        update = {key: prefix + line.text if line.text and sink.tty else None}
-        sink.render(done, update)
-        if not sink.tty:
-            self._maybe_show(key, sink, prefix, now)
+        screen = self._screens.setdefault(key, _Screen())
+        self._render(key, stream, prefix, screen.write(data), screen.live())
 
     def tick(self, prefixes: Mapping[Hashable, tuple[str, str]]) -> None:
-        """On a pipe, print unfinished lines that waited long enough (key -> stream, prefix)."""
-        now = self._clock()
+        """On a pipe, print live rows that waited long enough (key -> stream, prefix)."""
         for key, (stream, prefix) in prefixes.items():
-            sink = self._sinks[stream]
-            if not sink.tty and key in self._lines:
-                self._maybe_show(key, sink, prefix, now)
+            screen = self._screens.get(key)
+            if screen is not None and not self._sinks[stream].tty:
+                self._render(key, stream, prefix, [], screen.live())
 
     def finish(self, key: Hashable, stream: str, prefix: str) -> None:
-        """The stream ended: its unfinished line, if any, becomes a complete line."""
-        line = self._lines.pop(key, None)
-        sink = self._sinks[stream]
-        done = [prefix + line.text] if line and line.text and line.shown != line.text else []
-        sink.render(done, {key: None})
+        """The stream ended: its live rows become complete lines."""
+        screen = self._screens.pop(key, None)
+        if screen is not None:
+            self._render(key, stream, prefix, screen.close(), {})
 
-    def _maybe_show(self, key: Hashable, sink: _Sink, prefix: str, now: float) -> None:
-        line = self._lines[key]
-        due = now - max(line.since, line.shown_at) >= self._throttle
-        if line.text and line.text != line.shown and due:
-            sink.render([prefix + line.text], {})
-            line.shown, line.shown_at = line.text, now
+    def _render(
+        self,
+        key: Hashable,
+        stream: str,
+        prefix: str,
+        done: list[tuple[int, str]],
+        live: dict[int, str],
+    ) -> None:
+        sink, now = self._sinks[stream], self._clock()
+        lines: list[str] = []
+        for number, text in done:
+            shown = self._shown.pop((key, number), None)
+            self._since.pop((key, number), None)
+            if sink.tty or shown is None or shown[0] != text:
+                lines.append((prefix + text).rstrip())
+        if sink.tty:
+            gone = [k for k in sink.block if k[0] == key and k[1] not in live]  # type: ignore[index]
+            updates: dict[Hashable, str | None] = dict.fromkeys(gone)
+            updates.update({(key, number): prefix + text for number, text in live.items()})
+            sink.render(lines, updates)
+            return
+        for number, text in live.items():  # a pipe: unfinished rows, throttled
+            since = self._since.setdefault((key, number), now)
+            shown = self._shown.get((key, number))
+            last = shown[1] if shown else since
+            if (shown is None or shown[0] != text) and now - last >= self._throttle:
+                lines.append(prefix + text)
+                self._shown[(key, number)] = (text, now)
+        sink.render(lines, {})
 
 
 @dataclass
