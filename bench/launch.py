@@ -9,11 +9,16 @@ wall time and the ratio to torchrun. Then rank 1 raises right after init: the se
 the median time from the failure to the launcher's exit, and the exit code each launcher returns
 (the culprit's code is 1). A run that has not finished after 60 s is counted as hung and its whole
 process group is killed (torch 2.7's gloo destructor can deadlock at exit, pytorch PR #154976).
+The third table times one DataLoader epoch with one worker in this process, inside a rank of
+``unidist launch`` (bench/scripts/epoch.py), of ``unidist.spawn``, and of ``unidist.spawn`` with
+workers started by the spawn method (what ``unidist.spawn`` gave before issue 12, and what the
+ranks of Ignite's ``Parallel`` give).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import median, table
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "trivial.py")
+EPOCH = str(Path(__file__).parent / "scripts" / "epoch.py")
 HANG_SECONDS = 60
 BIN = Path(sys.executable).parent
 
@@ -65,6 +71,70 @@ def once(command: list[str], fail: str | None) -> tuple[float | None, int, float
     ended = time.time()
     failed_at = float(Path(fail).read_text()) if fail and Path(fail).exists() else None
     return ended - started, code, (ended - failed_at) if failed_at else None
+
+
+def one_epoch(context: str | None = None) -> float:
+    """Seconds for one epoch of a tiny dataset through a DataLoader with one worker."""
+    from torch.utils.data import DataLoader
+
+    started = time.perf_counter()
+    loader = DataLoader(
+        list(range(64)), batch_size=8, num_workers=1, multiprocessing_context=context
+    )
+    assert sum(len(batch) for batch in loader) == 64
+    return time.perf_counter() - started
+
+
+def ignite_epoch(local_rank: int, out: str) -> None:
+    Path(out, f"{local_rank}").write_text(repr(one_epoch()))
+
+
+def dataloader_rows(repeat: int) -> list[tuple[str, float, float]]:
+    """(where, median epoch seconds, ratio to this process) for the DataLoader table."""
+    import unidist
+
+    one_epoch()  # warm the imports, as a training script has them
+    epochs: dict[str, list[float]] = {
+        "this process (fork)": [],
+        "unidist launch rank": [],
+        "unidist.spawn rank": [],
+        "rank, spawn-method workers": [],
+    }
+    for _ in range(repeat):
+        epochs["this process (fork)"].append(one_epoch())
+        launched = subprocess.run(
+            [sys.executable, "-m", "unidist", "launch", "-n", "2", EPOCH],
+            capture_output=True,
+            text=True,
+            timeout=HANG_SECONDS,
+            check=True,
+        )
+        epochs["unidist launch rank"] += [
+            float(line.rsplit(" ", 1)[1])
+            for line in launched.stdout.splitlines()
+            if " epoch " in line
+        ]
+        epochs["unidist.spawn rank"] += unidist.spawn(one_epoch, nproc=2, console=False)
+        epochs["rank, spawn-method workers"] += unidist.spawn(
+            one_epoch, "spawn", nproc=2, console=False
+        )
+    try:
+        import ignite.distributed as idist
+    except ImportError:
+        pass
+    else:
+        # Parallel logs its settings at INFO on every call: not part of the table.
+        logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
+        epochs["ignite Parallel rank"] = []
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory() as out:
+                with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+                    parallel.run(ignite_epoch, out)
+                epochs["ignite Parallel rank"] += [
+                    float(f.read_text()) for f in Path(out).iterdir()
+                ]
+    base = median(epochs["this process (fork)"])
+    return [(where, median(e), median(e) / base) for where, e in epochs.items()]
 
 
 def main() -> None:
@@ -123,6 +193,8 @@ def main() -> None:
             ],
         )
     )
+    print("\none DataLoader epoch (64 items, batch 8, 1 worker), median over ranks and runs")
+    print(table(["where", "epoch s", "x this process"], dataloader_rows(args.repeat)))
 
 
 if __name__ == "__main__":

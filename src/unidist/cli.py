@@ -8,9 +8,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from unidist.errors import UnidistError
+from unidist.errors import LaunchError, UnidistError
 
 if TYPE_CHECKING:
+    from unidist.launch.options import CommandParser
     from unidist.launch.report import Report
 
 __all__ = ["main"]
@@ -18,12 +19,14 @@ __all__ = ["main"]
 
 def _parser() -> argparse.ArgumentParser:
     from unidist._version import __version__
+    from unidist.launch.options import CommandParser
 
     parser = argparse.ArgumentParser(
         prog="unidist", description="One API for distributed PyTorch: inspect and launch jobs."
     )
     parser.add_argument("--version", action="version", version=f"unidist {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Each command's parser reports its own mistakes (its usage, a did-you-mean), not the top one.
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     config = commands.add_parser(
         "config",
         help="show the detected launcher, topology, adapter and backends",
@@ -42,14 +45,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_launch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from unidist.launch.plan import add_arguments
+def _add_launch(commands: argparse._SubParsersAction[CommandParser]) -> None:
+    from unidist.launch.options import add_arguments
 
     launch = commands.add_parser(
         "launch",
         help="run a script on N processes per node (torch's elastic agent)",
-        description="Run a training script (or -m module) on several processes, with per-rank "
-        "logs, a console prefixed by rank, and a report that names the rank that failed.",
+        description="Run a training script (or -m module) on several processes and nodes, with "
+        "torchrun's rendezvous and restarts, per-rank logs, a console prefixed by rank, and a "
+        "report that names the rank that failed. torchrun's and Composer's option spellings "
+        "work.",
     )
     add_arguments(launch)
     launch.add_argument("-v", "--verbose", action="store_true", help="show torch's agent logs")
@@ -57,7 +62,7 @@ def _add_launch(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "smoke",
         help="check every collective across N local processes (run before debugging a job)",
         description="Start a tiny job through the launcher that checks each collective across "
-        "ranks and prints a pass/fail table with timings.",
+        "ranks, through every installed adapter, and prints a pass/fail table with timings.",
     )
     smoke.add_argument("-n", "--nproc", default="2", help="processes (default 2, or 'auto')")
     smoke.add_argument("--backend", default=None, help="gloo, nccl, ... (default: unidist's)")
@@ -74,16 +79,17 @@ def _launch(args: argparse.Namespace) -> int:
         print(describe(plan), end="")
         return 0
     program, argv = runner.script_command(plan)
-    report, _ = runner.run(plan, program, argv, verbose=args.verbose)
+    report, _, _ = runner.run(plan, program, argv, verbose=args.verbose)
     _finish(report)
     return report.exit_code  # pragma: no cover (_finish exits)
 
 
 def _smoke(args: argparse.Namespace) -> int:
     from unidist.launch import runner
+    from unidist.launch.options import CommandParser
     from unidist.launch.plan import add_arguments, plan_from_args
 
-    parser = argparse.ArgumentParser()
+    parser = CommandParser(prog="unidist smoke")
     add_arguments(parser)
     extra = ["--backend", args.backend] if args.backend else []
     launch_args = parser.parse_args(
@@ -101,7 +107,7 @@ def _smoke(args: argparse.Namespace) -> int:
     )
     plan = plan_from_args(launch_args)
     program, argv = runner.script_command(plan)
-    report, _ = runner.run(plan, program, argv)
+    report, _, _ = runner.run(plan, program, argv)
     _finish(report)
     return report.exit_code  # pragma: no cover (_finish exits)
 
@@ -137,6 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _launch(args)
         if args.command == "smoke":
             return _smoke(args)
+    except LaunchError as exc:  # the job could not start (a rendezvous that never completed)
+        print(exc.report, file=sys.stderr, end="")
+        return exc.exit_code
     except UnidistError as exc:
         print(f"unidist {args.command}: error: {exc}", file=sys.stderr)
         return 2

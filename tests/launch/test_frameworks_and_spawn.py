@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 import unidist
-from unidist.errors import LaunchError
+from unidist.errors import ConfigurationError, LaunchError
+from unidist.launch._rank import default_start_method
 
 pytestmark = pytest.mark.multiprocess
 
@@ -63,12 +66,60 @@ def test_spawn_returns_every_ranks_result(tmp_path: Path) -> None:
     ]
 
 
-def test_spawn_names_the_failing_rank(tmp_path: Path) -> None:
+def test_spawn_names_the_failing_rank_and_keeps_its_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(LaunchError) as caught:
-        unidist.spawn(fail_on_rank_one, nproc=2, log_dir=tmp_path, console=False)
+        unidist.spawn(fail_on_rank_one, nproc=2, console=False)
     assert caught.value.culprit == 1
     assert "culprit: rank 1" in str(caught.value)
     assert "KeyError: 'missing shard'" in str(caught.value)
+    logs = str(caught.value).split("full logs: ", 1)[1].split()[0]
+    assert "missing shard" in Path(logs).read_text()
+
+
+def test_a_successful_spawn_leaves_no_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert unidist.spawn(add_ranks, 0, nproc=2, console=False) == [(0, 1), (1, 1)]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    unidist.spawn(add_ranks, 0, nproc=2, console=False, keep_logs=True)
+    assert len(list(tmp_path.rglob("rank*.stdout.log"))) == 2
+
+
+def ranked(local_rank: int, scale: int) -> tuple[int, str, int]:
+    return local_rank, multiprocessing.get_start_method(), unidist.all_reduce(scale)
+
+
+def test_spawn_passes_the_local_rank_as_ignites_parallel_does() -> None:
+    fast = default_start_method()
+    assert unidist.spawn(ranked, 3, nproc=2, console=False, pass_local_rank=True) == [
+        (0, fast, 6),
+        (1, fast, 6),
+    ]  # and DataLoader workers inside start the way a script's do (fork on Linux)
+
+
+def test_a_local_rank_mismatch_fails_before_anything_starts() -> None:
+    with pytest.raises(ConfigurationError, match=r"pass_local_rank=True"):
+        unidist.spawn(ranked, 3, nproc=2)  # would have called ranked(3) with scale missing
+    with pytest.raises(ConfigurationError, match=r"spawn cannot call add_ranks"):
+        unidist.spawn(add_ranks, 3, nproc=2, pass_local_rank=True)
+    with pytest.raises(ConfigurationError, match=r"spawn cannot call add_ranks"):
+        unidist.spawn(add_ranks, nproc=2)
+
+
+def one_epoch(workers: int) -> int:
+    from torch.utils.data import DataLoader
+
+    return sum(
+        len(batch) for batch in DataLoader(list(range(64)), batch_size=8, num_workers=workers)
+    )
+
+
+def test_dataloader_workers_run_inside_spawned_ranks() -> None:
+    assert unidist.spawn(one_epoch, 1, nproc=2, console=False) == [64, 64]
 
 
 def test_smoke_passes_on_two_ranks() -> None:
@@ -79,7 +130,13 @@ def test_smoke_passes_on_two_ranks() -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "smoke check PASSED on 2 rank(s)" in done.stdout
+    assert "smoke check PASSED on 2 rank(s); adapters: torch ok" in done.stdout
+    from unidist.adapters import registry
+
+    for adapter in registry.available():
+        if adapter != "serial":  # a world of one only
+            assert f"{adapter} ok" in done.stdout.splitlines()[-1]
+            assert f"]: {adapter:<10} all_reduce       ok" in done.stdout
     for check in (
         "all_reduce",
         "all_gather",

@@ -1,56 +1,29 @@
-"""``unidist launch`` with real processes: success, failures, hangs, Ctrl-C, two nodes."""
+"""``unidist launch`` with real processes: success, failures, hangs, Ctrl-C, restarts, exits."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
+import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.launch.helpers import (
+    JOB,
+    assert_nothing_left,
+    free_port,
+    launch,
+    pids_of,
+    run_folder,
+    run_folders,
+    start_launch,
+    wait_for,
+)
+
 pytestmark = pytest.mark.multiprocess
-
-JOB = str(Path(__file__).parents[1] / "scripts" / "job.py")
-
-
-def launch(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "unidist", "launch", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def pids_of(log_dir: Path) -> list[int]:
-    """Every rank process the launcher started (from the ranks' start records)."""
-    return [json.loads(p.read_text())["pid"] for p in log_dir.glob(".events-*/start-*.json")]
-
-
-def alive(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-def assert_nothing_left(log_dir: Path, *extra: int) -> None:
-    pids = [*pids_of(log_dir), *extra]
-    assert pids
-    deadline = time.monotonic() + 5
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [pid for pid in pids if alive(pid)], "processes of the job survived"
 
 
 def test_two_ranks_on_one_node(tmp_path: Path) -> None:
@@ -59,8 +32,12 @@ def test_two_ranks_on_one_node(tmp_path: Path) -> None:
     assert "[rank0]: rank 0 total 3.0" in done.stdout
     assert "[rank1]: rank 1 total 3.0" in done.stdout
     assert "[rank1]: rank 1 says hello on stderr" in done.stderr
-    assert "NODE_RANK=0" in (tmp_path / "rank1.stdout.log").read_text()
-    assert "hello on stderr" in (tmp_path / "rank0.stderr.log").read_text()
+    folder = run_folder(tmp_path)
+    assert "NODE_RANK=0" in (folder / "rank1.stdout.log").read_text()
+    assert "hello on stderr" in (folder / "rank0.stderr.log").read_text()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    private = [folder / "rank0.stdout.log", *folder.glob(".events/*.json")]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in private} == {0o600}
     assert_nothing_left(tmp_path)
 
 
@@ -70,7 +47,7 @@ def test_custom_log_templates(tmp_path: Path) -> None:
         "2",
         "--no-console",
         "--stdout",
-        "out/{node_rank}-{rank}.txt",
+        "out/{node_rank}-{rank}-of-{world_size}.txt",
         "--stderr",
         "err/{local_rank}.txt",
         JOB,
@@ -78,7 +55,7 @@ def test_custom_log_templates(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    assert "total 3.0" in (tmp_path / "out" / "0-1.txt").read_text()
+    assert "total 3.0" in (tmp_path / "out" / "0-1-of-2.txt").read_text()
     assert "hello on stderr" in (tmp_path / "err" / "0.txt").read_text()
     assert "[rank0]" not in done.stdout
 
@@ -100,9 +77,10 @@ def test_the_culprits_exit_code_and_report(
     culprit_line = next(line for line in summary.splitlines() if "culprit:" in line)
     assert culprit in culprit_line
     assert "rank 1" in culprit_line
-    assert f"full logs: {tmp_path / 'rank1.stderr.log'}" in summary
+    folder = run_folder(tmp_path)
+    assert f"full logs: {folder / 'rank1.stderr.log'}" in summary
     assert "rank 0 (local rank 0)" in summary.split("culprit:", 1)[1]  # listed as collateral
-    assert (tmp_path / "rank0.stdout.log").exists()
+    assert (folder / "rank0.stdout.log").exists()
     if mode == "raise":
         assert "ValueError: rank 1 is broken" in culprit_line
         assert "job.py" in summary  # the culprit's traceback excerpt
@@ -116,8 +94,13 @@ def test_a_hanging_rank_is_named_with_its_stack(tmp_path: Path) -> None:
     culprit = next(line for line in summary.splitlines() if "culprit:" in line)
     assert "rank 0" in culprit
     assert "still running when rank 1 gave up waiting" in culprit
-    assert "time.sleep" in summary or "job.py" in summary  # the stack it was stopped in
     assert "timed out waiting for another rank" in summary
+    # The stack it was stopped in, the user's line included (not runpy's or the bootstrap's).
+    excerpt = summary.split("culprit:", 1)[1].split("full logs:", 1)[0]
+    assert "stack when stopped (most recent call last):" in excerpt
+    assert 'job.py", line' in excerpt
+    assert "runpy" not in excerpt
+    assert "_bootstrap" not in excerpt
     assert_nothing_left(tmp_path)
 
 
@@ -141,26 +124,8 @@ def test_a_crashed_ranks_children_are_killed(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
-    launcher = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "unidist",
-            "launch",
-            "-n",
-            "2",
-            "--log-dir",
-            str(tmp_path),
-            JOB,
-            "wait",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while len(pids_of(tmp_path)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    launcher = start_launch("-n", "2", "--log-dir", str(tmp_path), JOB, "wait")
+    wait_for(lambda: len(pids_of(tmp_path)) == 2, 60, "both ranks to start")
     time.sleep(1.0)
     launcher.send_signal(signal.SIGINT)
     try:
@@ -172,49 +137,81 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
     assert_nothing_left(tmp_path)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+@pytest.mark.parametrize("rendezvous", ["c10d", "static"])
+def test_a_restart_that_succeeds_is_a_success(tmp_path: Path, rendezvous: str) -> None:
+    # Rank 1 fails on the first attempt and succeeds on the second: the job succeeded. (torch's
+    # agent reuses one store across restarts: gloo must not read the first attempt's keys.)
+    nodes = ["--nnodes", "1", "--node-rank", "0", "--master-port", str(free_port())]
+    form = nodes if rendezvous == "static" else []
+    done = launch("-n", "2", *form, "--max-restarts", "1", "--log-dir", str(tmp_path), JOB, "flaky")
+    assert done.returncode == 0, done.stderr
+    assert "the job failed" not in done.stderr
+    folder = run_folder(tmp_path)
+    assert "fails on the first attempt" in (folder / "attempt0" / "rank1.stderr.log").read_text()
+    assert "rank 1 total 3.0" in (folder / "attempt1" / "rank1.stdout.log").read_text()
 
 
-def test_two_nodes_on_loopback(tmp_path: Path) -> None:
-    port = str(_free_port())
-    nodes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "unidist",
-                "launch",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--nproc",
-                "1",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
-                "--log-dir",
-                str(tmp_path / f"node{node}"),
-                JOB,
-                "ok",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in range(2)
-    ]
+def test_a_reused_log_dir_never_reads_an_earlier_run(tmp_path: Path) -> None:
+    failed = launch("-n", "2", "--log-dir", str(tmp_path), JOB, "raise")
+    assert failed.returncode == 1
+    # What a stale run's records may name after PID reuse: an unrelated process group.
+    bystander = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
-        outputs = [node.communicate(timeout=180) for node in nodes]
+        for record in tmp_path.glob("**/start-*.json"):
+            data = json.loads(record.read_text())
+            record.write_text(json.dumps({**data, "pid": bystander.pid, "pid_start": None}))
+        healthy = launch("-n", "2", "--log-dir", str(tmp_path), JOB, "ok")
+        assert healthy.returncode == 0, healthy.stderr
+        assert "culprit" not in healthy.stderr
+        assert bystander.poll() is None, "the launcher signalled a PID from an earlier run"
     finally:
-        for node in nodes:
-            node.kill()
-    assert [node.returncode for node in nodes] == [0, 0], outputs
-    assert "rank 1 of 2 on node 1 NODE_RANK=1" in outputs[1][0]
-    assert "rank 0 total 3.0" in outputs[0][0]
-    assert_nothing_left(tmp_path / "node0")
-    assert_nothing_left(tmp_path / "node1")
+        bystander.kill()
+        bystander.wait()
+    assert len(run_folders(tmp_path)) == 2  # each run its own folder
+
+
+def test_a_rank_that_leaves_with_os_exit_0_is_not_a_failure(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "checkpoint"
+    done = launch(
+        "-n",
+        "2",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        JOB,
+        "exit0",
+        env={"CHECKPOINT": str(checkpoint)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert checkpoint.read_text() == "saved"  # rank 0 was not stopped while saving
+
+
+def test_a_rank_that_closed_its_stdout_still_exits_with_its_code(tmp_path: Path) -> None:
+    done = launch("-n", "2", "--log-dir", str(tmp_path), JOB, "closedout")
+    assert done.returncode == 5, done.stderr
+    log = (run_folder(tmp_path) / "rank1.stderr.log").read_text()
+    assert "I/O operation on closed file" not in log + done.stderr
+    assert "culprit: rank 1" in done.stderr
+
+
+def test_a_folder_with_main_runs_as_python_runs_it(tmp_path: Path) -> None:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "helper.py").write_text("WHO = 'helper'\n")
+    (app / "__main__.py").write_text(
+        "import os, sys\nfrom helper import WHO\n"
+        "print(f'{WHO} rank {os.environ[\"RANK\"]} argv {sys.argv[1:]}')\n"
+    )
+    done = launch("-n", "2", "--log-dir", str(tmp_path / "logs"), str(app), "--flag")
+    assert done.returncode == 0, done.stderr
+    assert "[rank1]: helper rank 1 argv ['--flag']" in done.stdout
+
+
+def test_no_python_runs_a_program(tmp_path: Path) -> None:
+    done = launch(
+        "-n", "2", "--no-python", "--log-dir", str(tmp_path), "sh", "-c", 'echo "rank $RANK"'
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[rank1]: rank 1" in done.stdout
+    failed = launch("-n", "2", "--no-python", "--log-dir", str(tmp_path), "sh", "-c", "exit 3")
+    assert failed.returncode == 3, failed.stderr
+    assert "exited with code 3" in failed.stderr

@@ -1,7 +1,10 @@
 """A job for the launcher tests: ``python job.py MODE`` on every rank.
 
 Modes: ok, raise, exit7, sigkill, hang, orphan, wait (sleep until stopped), linger (rank 0
-keeps running after the job is done).
+keeps running after the job is done), flaky (rank 1 raises on the first attempt only), exit0
+(rank 1 leaves with os._exit(0) while rank 0 still saves a checkpoint to $CHECKPOINT),
+closedout (rank 1 closes its stdout, then exits with code 5), grow (a world of one waits to be
+restarted by torch's agent when a second node joins).
 """
 
 from __future__ import annotations
@@ -33,10 +36,17 @@ if rank == 1:
         sys.exit(7)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "flaky" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        raise ValueError("rank 1 fails on the first attempt")
+    if mode == "closedout":
+        sys.stdout.close()
+        sys.exit(5)
     if mode == "orphan":
         child = subprocess.Popen(["sleep", "300"])  # stands for a DataLoader worker
         Path(os.environ["ORPHAN_PID_FILE"]).write_text(str(child.pid))
         raise RuntimeError("rank 1 died and left a child behind")
+if mode == "grow" and unidist.get_world_size() == 1:
+    time.sleep(300)  # until a second node joins and torch's agent restarts this one
 if mode == "hang" and rank == 0:
     time.sleep(300)  # never reaches the all_reduce below
 if mode == "wait":
@@ -44,5 +54,10 @@ if mode == "wait":
 total = unidist.all_reduce(torch.tensor([rank + 1.0])).item()
 print(f"rank {rank} total {total}", flush=True)
 unidist.finalize()
+if mode == "exit0" and rank == 1:
+    os._exit(0)  # done, and gone without any teardown (some frameworks leave this way)
+if mode == "exit0" and rank == 0:
+    time.sleep(2)  # a checkpoint that takes a while to save, after rank 1 has gone
+    Path(os.environ["CHECKPOINT"]).write_text("saved")
 if mode == "linger" and rank == 0:
     time.sleep(300)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -112,3 +114,54 @@ def unpicklable_result() -> object:
 def test_an_unpicklable_result_is_reported() -> None:
     with pytest.raises(DistributedTestError, match="return value cannot be pickled"):
         run_distributed(unpicklable_result, init=False)
+
+
+def no_run_folders(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith("unidist-run-")]
+
+
+def test_no_temp_folder_is_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    run_distributed(report, "z")
+    with pytest.raises(DistributedTestError):
+        run_distributed(fail_on, 1, timeout=60)
+    assert no_run_folders(tmp_path) == []
+
+
+CALLER = """
+import os, sys, time
+from pathlib import Path
+import unidist
+from unidist.testing import run_distributed
+
+def hang(folder):
+    Path(folder, f"rank{unidist.get_rank()}.pids").write_text(f"{os.getpid()} {os.getppid()}")
+    time.sleep(300)
+
+if __name__ == "__main__":
+    run_distributed(hang, sys.argv[1], timeout=250)
+"""
+
+
+def test_a_killed_caller_takes_its_ranks_fork_server_and_folder_along(tmp_path: Path) -> None:
+    script = tmp_path / "caller.py"
+    script.write_text(CALLER)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp), "UNIDIST_TESTING_PRELOAD": "torch"}
+    caller = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("rank*.pids"))) < 2:
+            assert time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        assert no_run_folders(temp)
+    finally:
+        caller.kill()  # SIGKILL: no finally, no atexit in the caller
+        caller.wait()
+    pids = {int(p) for f in tmp_path.glob("rank*.pids") for p in f.read_text().split()}
+    deadline = time.monotonic() + 15
+    while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if _alive(pid)] == [], "ranks or the fork server survived"
+    assert no_run_folders(temp) == []

@@ -1,14 +1,18 @@
-"""``python -m unidist.launch._bootstrap (SCRIPT | -m MODULE) [ARGS...]``: one rank's entry point.
+"""``python -m unidist.launch._bootstrap (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS...]``.
 
-Runs the user's script or module as ``__main__`` (as ``python SCRIPT`` or ``python -m MODULE``
-would), after :func:`unidist.launch._rank.prepare_rank`, and records how it ended. An uncaught
-exception is printed without this file's and runpy's frames (and without the ``[rankN]:`` prefix
-torch's excepthook would add: the launcher's console prefixes every line already); the exit
-status is 1, as for any uncaught exception. A failing rank exits at once (see ``_exit_now``).
+One rank's entry point. Runs the user's script (a file, or a folder or zip with ``__main__.py``)
+or module as ``__main__``, as ``python SCRIPT`` or ``python -m MODULE`` would, after
+:func:`unidist.launch._rank.prepare_rank`, and records how it ended. An uncaught exception is
+printed without this file's and runpy's frames (and without the ``[rankN]:`` prefix torch's
+excepthook would add: the launcher's console prefixes every line already); the exit status is
+1, as for any uncaught exception. A failing rank exits at once (see ``_exit_now``). With
+``--exec`` (``unidist launch --no-python``) the rank is prepared and then replaced by PROGRAM.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import runpy
 import sys
 import traceback
@@ -17,14 +21,16 @@ from types import TracebackType
 
 from unidist.launch._rank import prepare_rank, record_done, record_error
 
+_USAGE = "usage: python -m unidist.launch._bootstrap (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS]"
+
 
 def main(argv: list[str]) -> int:
-    if not argv or argv == ["-m"]:
-        print(
-            "usage: python -m unidist.launch._bootstrap (SCRIPT | -m MODULE) [ARGS...]",
-            file=sys.stderr,
-        )
+    if not argv or argv in (["-m"], ["--exec"]):
+        print(_USAGE, file=sys.stderr)
         return 2
+    if argv[0] == "--exec":
+        prepare_rank(python=False)
+        os.execvp(argv[1], argv[1:])  # the records of its end come from its exit status
     prepare_rank()
     module = argv[0] == "-m"
     target = argv[1] if module else argv[0]
@@ -33,7 +39,10 @@ def main(argv: list[str]) -> int:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            sys.path[0] = str(Path(target).resolve().parent)  # as `python SCRIPT` would
+            path = Path(target)
+            # As `python SCRIPT`: the script's folder first on sys.path; for a folder or zip
+            # with __main__.py, the folder or zip itself.
+            sys.path[0] = str(path.resolve().parent if path.is_file() else path)
             runpy.run_path(target, run_name="__main__")
     except SystemExit as exc:
         if exc.code in (None, 0):
@@ -41,11 +50,13 @@ def main(argv: list[str]) -> int:
             raise
         record_error(exc)
         if not isinstance(exc.code, int):
-            print(exc.code, file=sys.stderr)  # as Python does for sys.exit("message")
+            with contextlib.suppress(Exception):  # as Python does for sys.exit("message")
+                print(exc.code, file=sys.stderr)
         _exit_now(exc.code if isinstance(exc.code, int) else 1)
     except BaseException as exc:
         record_error(exc)
-        traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__))
+        with contextlib.suppress(Exception):  # the script may have closed stderr
+            traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__))
         _exit_now(1)
     record_done()
     return 0
@@ -55,14 +66,14 @@ def _exit_now(code: int) -> None:
     """Leave at once after a failure: flush output and logs, skip the interpreter's teardown.
 
     The other ranks learn of the failure when this process's sockets close, so every moment
-    spent tearing down delays them; and tearing down torch 2.7's gloo groups can deadlock.
+    spent tearing down delays them; and tearing down torch 2.7's gloo groups can deadlock. A
+    stream the script closed or broke must not stop the exit (a flush would raise).
     """
     import logging
-    import os
 
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+    for step in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
+        with contextlib.suppress(Exception):  # nothing more can be done for a broken stream
+            step()
     os._exit(code)
 
 

@@ -18,19 +18,24 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import json
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
-__all__ = ["classify", "die_with_parent", "prepare_rank", "record_done", "record_error"]
+from unidist.launch import records
 
-EVENTS = "UNIDIST_EVENTS"
+__all__ = [
+    "classify",
+    "default_start_method",
+    "die_with_parent",
+    "prepare_rank",
+    "record_done",
+    "record_error",
+]
 
 
 def _identity() -> dict[str, Any]:
@@ -39,33 +44,35 @@ def _identity() -> dict[str, Any]:
         "rank": int(env.get("RANK", "0")),
         "local_rank": int(env.get("LOCAL_RANK", "0")),
         "node_rank": int(env.get("GROUP_RANK", env.get("NODE_RANK", "0"))),
+        "world_size": int(env.get("WORLD_SIZE", "1")),
         "attempt": int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
         "pid": os.getpid(),
+        "pid_start": records.process_start_time(os.getpid()),
         "host": socket.gethostname(),
     }
 
 
 def _write(kind: str, payload: dict[str, Any]) -> None:
-    folder = os.environ.get(EVENTS)
-    if not folder:
-        return
-    me = _identity()
-    path = Path(folder, f"{kind}-a{me['attempt']}-r{me['rank']}.json")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**me, **payload, "time_ns": time.time_ns()}))
-    tmp.replace(path)
+    records.write(kind, _identity(), payload)
 
 
-def prepare_rank() -> None:
-    """Set up this rank: variables, signal handling, death with the parent; record the start."""
+def prepare_rank(python: bool = True) -> None:
+    """Set up this rank: variables, signal handling, death with the parent; record the start.
+
+    Args:
+        python: the rank runs Python code here; False when it is about to ``exec`` a program
+            (only what survives ``exec`` is set up: variables, death with the parent).
+    """
     if "GROUP_RANK" in os.environ:
         os.environ.setdefault("NODE_RANK", os.environ["GROUP_RANK"])
     die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        faulthandler.register(sig, all_threads=True, chain=True)
-    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-    _defer_group_destruction()
+    if python:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            faulthandler.register(sig, all_threads=True, chain=True)
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        _defer_group_destruction()
+        _prefix_store_by_attempt()
     _write("start", {})
 
 
@@ -80,6 +87,19 @@ def die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def default_start_method() -> str:
+    """The multiprocessing start method a fresh interpreter uses on this platform.
+
+    A process started by the ``spawn`` or ``forkserver`` method inherits that method as its
+    default, so its DataLoader workers would start as new interpreters that import torch again
+    (seconds each); a script run by ``python`` (or ``unidist launch``) gets the platform's
+    default (``fork`` on Linux up to Python 3.13). Python lists the default first.
+    """
+    import multiprocessing
+
+    return multiprocessing.get_all_start_methods()[0]
 
 
 _kept_groups: list[Any] = []
@@ -115,6 +135,32 @@ def _defer_group_destruction() -> None:
 
     dist.destroy_process_group = destroy_process_group
     atexit.register(time.sleep, 0.1)
+
+
+def _prefix_store_by_attempt() -> None:
+    """Give each restart of a static job its own keys in the agent's store.
+
+    The static rendezvous lends the ranks the agent's store, the same one for every restart,
+    and torch's ``env://`` handler adds no per-attempt prefix (its comment assumes a new store
+    per retry), so after a restart gloo may read the previous attempt's addresses and fail with
+    "connectFullMesh failed" (torch 2.7 to 2.14; torchrun too). Every rank of an attempt runs
+    this, so they all agree on the prefix. (Dynamic rendezvous: the launcher opts out of the
+    shared store instead, see ``runner._exports``.)
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
+        return
+    import torch.distributed as dist
+    import torch.distributed.rendezvous as rendezvous
+
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:  # a torch that changed this: nothing to patch
+        return
+
+    def create_with_prefix(*args: Any, **kwargs: Any) -> Any:
+        return dist.PrefixStore(f"/unidist/attempt_{attempt}", create(*args, **kwargs))
+
+    rendezvous._create_c10d_store = create_with_prefix
 
 
 def classify(exc: BaseException) -> str:

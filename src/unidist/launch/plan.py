@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import os
-import socket
 import tempfile
-import time
-import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from unidist import _env
 from unidist.errors import ConfigurationError
+from unidist.launch import rundir
+from unidist.launch.console import ConsoleSpec, parse_ranks, parse_std
+from unidist.launch.options import add_arguments
+from unidist.launch.rendezvous import Rendezvous, resolve
 
-__all__ = ["LaunchPlan", "add_arguments", "plan_from_args"]
+__all__ = ["LaunchPlan", "add_arguments", "plan_from_args", "probe_templates"]
 
-_PLACEHOLDERS = {"rank": 0, "local_rank": 0, "node_rank": 0, "attempt": 0}
+_PLACEHOLDERS = {
+    "rank": 0,
+    "local_rank": 0,
+    "node_rank": 0,
+    "attempt": 0,
+    "world_size": 1,
+    "local_world_size": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -25,182 +35,81 @@ class LaunchPlan:
     """Everything ``unidist launch`` will do, before it does it.
 
     Attributes:
-        target: the script path or module name (``None`` for :func:`unidist.spawn`).
+        target: the script path, module name or program (``None`` for :func:`unidist.spawn`).
         module: run ``target`` as ``python -m``.
+        no_python: run ``target`` as a program (``--no-python``).
         args: arguments for the script.
         nproc: processes on this node.
-        nnodes: number of nodes (one launcher each).
-        node_rank: this node's index.
-        master_addr: host of node 0 (the rendezvous); None picks localhost on one node.
-        master_port: rendezvous port; 0 lets node 0 pick a free one (single node only).
+        rdzv: how the nodes meet (:class:`~unidist.launch.rendezvous.Rendezvous`).
         max_restarts: times the whole local group is restarted after a failure.
-        log_dir: folder for per-rank logs and the event records.
-        stdout: per-rank stdout file template ({rank}, {local_rank}, {node_rank}, {attempt}).
-        stderr: per-rank stderr file template.
-        console: copy every rank's output to this console, prefixed by its rank.
+        monitor_interval: seconds between torch's agent's checks of the ranks.
+        role: the ranks' role name (``ROLE_NAME``).
+        log_root: each run creates a new private folder in it; None: the per-user temp folder.
+        stdout: per-rank stdout file template ({rank}, {local_rank}, {node_rank}, {attempt},
+            {world_size}, {local_world_size}); None: ``rank{rank}.stdout.log`` in the run folder.
+        stderr: the same for stderr.
+        console: which ranks' output reaches the console, and how it is prefixed.
         timeout: collective timeout for unidist in the ranks (``UNIDIST_TIMEOUT``), or None.
         grace: seconds a stopped rank gets after SIGTERM before SIGKILL.
         exit_timeout: once a rank has finished, seconds the others get to finish too before
             they are reported as hung and killed (0: wait for ever).
-        run_id: rendezvous identifier; every node of a job must use the same one.
+        torch_options: ``LaunchConfig`` fields only newer torch releases have, as given.
         notes: where values came from (SLURM, defaults), for --dry-run.
     """
 
     target: str | None
     module: bool = False
+    no_python: bool = False
     args: tuple[str, ...] = ()
     nproc: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str | None = None
-    master_port: int = 0
+    rdzv: Rendezvous = field(default_factory=Rendezvous)
     max_restarts: int = 0
-    log_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
-    stdout: str = ""
-    stderr: str = ""
-    console: bool = True
+    monitor_interval: float = 0.1
+    role: str = "default"
+    log_root: Path | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    console: ConsoleSpec = field(default_factory=ConsoleSpec)
     timeout: float | None = None
     grace: float = 3.0
     exit_timeout: float = 600.0
-    run_id: str = "unidist"
+    torch_options: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
     @property
-    def world_size(self) -> int:
-        """Processes in the whole job."""
-        return self.nproc * self.nnodes
+    def restarts_possible(self) -> bool:
+        """Whether this node's ranks may start more than once (restarts, elastic membership)."""
+        return self.max_restarts > 0 or self.rdzv.elastic
 
-    @property
-    def events(self) -> Path:
-        """Where ranks leave their start/error/done records (this node's)."""
-        return self.log_dir / f".events-node{self.node_rank}"
+    def templates(self, folder: Path | str) -> tuple[str, str]:
+        """The (stdout, stderr) file templates of a run whose folder is ``folder``."""
+        sub = "attempt{attempt}/" if self.restarts_possible else ""
+        return (
+            self.stdout or f"{folder}/{sub}rank{{rank}}.stdout.log",
+            self.stderr or f"{folder}/{sub}rank{{rank}}.stderr.log",
+        )
 
-    def log_paths(self, rank: int, local_rank: int, attempt: int = 0) -> tuple[Path, Path]:
-        """The (stdout, stderr) files of one rank."""
-        values = {
-            "rank": rank,
-            "local_rank": local_rank,
-            "node_rank": self.node_rank,
-            "attempt": attempt,
-        }
-        return Path(self.stdout.format(**values)), Path(self.stderr.format(**values))
+    def log_paths(self, folder: Path, **values: int) -> tuple[Path, Path]:
+        """The (stdout, stderr) files of one rank (``values``: the template placeholders)."""
+        out, err = self.templates(folder)
+        return Path(out.format(**values)), Path(err.format(**values))
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``unidist launch`` options (torchrun's and Composer's spellings both work)."""
-    add = parser.add_argument
-    add(
-        "-n",
-        "--nproc",
-        "--nproc-per-node",
-        "--nproc_per_node",
-        default="1",
-        help="processes on this node: a number, or 'auto' (one per GPU, else 1). Default 1",
-    )
-    add("--nnodes", type=int, default=None, help="number of nodes (one launcher per node)")
-    add("--node-rank", "--node_rank", type=int, default=None, help="this node's index")
-    add(
-        "--world-size",
-        "--world_size",
-        type=int,
-        default=None,
-        help="total processes, Composer style (= nnodes * nproc)",
-    )
-    add(
-        "--base-rank",
-        "--base_rank",
-        type=int,
-        default=None,
-        help="global rank of this node's first process (must be node_rank * nproc)",
-    )
-    add(
-        "--master-addr",
-        "--master_addr",
-        default=None,
-        help="host of node 0; required with several nodes",
-    )
-    add(
-        "--master-port",
-        "--master_port",
-        type=int,
-        default=None,
-        help="rendezvous port; 0 or unset picks a free one on a single node",
-    )
-    add(
-        "--max-restarts",
-        "--max_restarts",
-        type=int,
-        default=0,
-        help="restart the local group this many times after a failure (default 0)",
-    )
-    add(
-        "--log-dir",
-        "--log_dir",
-        default=None,
-        help="folder for per-rank logs (default: a new folder under the temp dir)",
-    )
-    add("--stdout", default=None, help="per-rank stdout file template, e.g. out_{rank}.log")
-    add("--stderr", default=None, help="per-rank stderr file template, e.g. err_{rank}.log")
-    add(
-        "--no-console",
-        dest="console",
-        action="store_false",
-        help="do not copy the ranks' output to this console (files only)",
-    )
-    add(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds a collective may wait in the ranks (sets UNIDIST_TIMEOUT)",
-    )
-    add(
-        "--grace",
-        type=float,
-        default=3.0,
-        help="seconds a stopped rank gets between SIGTERM and SIGKILL (default 3)",
-    )
-    add(
-        "--exit-timeout",
-        type=float,
-        default=600.0,
-        help="once a rank has finished, seconds the others get to finish before they are "
-        "reported as hung and killed (default 600; 0 waits for ever)",
-    )
-    add(
-        "--run-id",
-        "--run_id",
-        default="unidist",
-        help="rendezvous id, the same on every node of a job (default 'unidist')",
-    )
-    add(
-        "--dry-run",
-        "--dry_run",
-        action="store_true",
-        help="print the resolved topology and equivalent commands, start nothing",
-    )
-    add(
-        "-m",
-        "--module",
-        "--module_mode",
-        dest="module",
-        action="store_true",
-        help="run the target as a module (python -m)",
-    )
-    add("target", help="the training script (or module, with -m)")
-    add("args", nargs=argparse.REMAINDER, help="arguments for the script")
-
-
-def _nproc(text: str) -> tuple[int, str | None]:
-    if text == "auto":
-        import torch
-
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        return max(count, 1), f"--nproc auto: {count} CUDA device(s) -> {max(count, 1)}"
+def _nproc(args: argparse.Namespace) -> tuple[int, str | None]:
+    if args.nproc is not None and args.nproc_per_node is not None:
+        raise ConfigurationError(
+            f"-n/--nproc {args.nproc} and --nproc-per-node {args.nproc_per_node} both set the "
+            "processes on this node. HINT: keep one."
+        )
+    torchrun = args.nproc_per_node is not None
+    text = args.nproc_per_node if torchrun else (args.nproc or "1")
+    if text in ("auto", "gpu", "cpu", "xpu"):
+        return _device_count(text, torchrun)
     try:
         value = int(text)
     except ValueError:
         raise ConfigurationError(
-            f"--nproc {text!r} is not a number. HINT: give a count like 2, or 'auto'."
+            f"--nproc {text!r} is not a number. HINT: give a count like 2, or 'auto', 'gpu', 'cpu'."
         ) from None
     if value < 1:
         raise ConfigurationError(
@@ -209,136 +118,142 @@ def _nproc(text: str) -> tuple[int, str | None]:
     return value, None
 
 
+def _device_count(kind: str, torchrun: bool) -> tuple[int, str]:
+    """``auto``/``gpu``/``cpu``/``xpu`` -> a count. ``auto`` falls back to 1 process for
+    ``-n`` and, as torchrun does, to one per CPU core for ``--nproc-per-node``."""
+    import torch
+
+    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "cpu" or (kind == "auto" and not cuda and torchrun):
+        count = os.cpu_count() or 1
+        return count, f"{kind}: {count} CPU core(s) -> {count} process(es)"
+    if kind == "xpu":
+        xpu = getattr(torch, "xpu", None)
+        count = xpu.device_count() if xpu is not None and xpu.is_available() else 0
+    else:
+        count = cuda
+    if kind in ("gpu", "xpu") and not count:
+        raise ConfigurationError(
+            f"--nproc {kind}: no {kind.upper()} device is visible. HINT: give a number of "
+            "processes, or 'cpu' for one per CPU core."
+        )
+    return max(count, 1), f"{kind}: {count} device(s) -> {max(count, 1)} process(es)"
+
+
 def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
     """Check the options against each other and the environment; resolve the topology.
 
     Raises:
         ConfigurationError: what is wrong and how to fix it.
     """
-    nproc, note = _nproc(args.nproc)
+    nproc, note = _nproc(args)
     notes = [note] if note else []
-    nnodes, node_rank, master_addr, master_port = _nodes(args, nproc, notes)
-    _check_target(args.target, args.module)
-    if master_port and (nnodes == 1 or node_rank == 0):
-        _check_port_free(master_port)
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.gettempdir(), "unidist", stamp)
-    default = "attempt{attempt}/" if args.max_restarts else ""
-    stdout = args.stdout or str(log_dir / f"{default}rank{{rank}}.stdout.log")
-    stderr = args.stderr or str(log_dir / f"{default}rank{{rank}}.stderr.log")
-    _check_templates(stdout, stderr)
-    if args.grace <= 0 or (args.timeout is not None and args.timeout <= 0):
-        raise ConfigurationError("--grace and --timeout must be positive numbers of seconds.")
-    if args.exit_timeout < 0:
-        raise ConfigurationError("--exit-timeout must be 0 (wait for ever) or positive.")
+    rdzv = resolve(args, nproc, notes)
+    _check_target(args.target, args.module, args.no_python)
+    if args.module and args.no_python:
+        raise ConfigurationError("-m and --no-python contradict each other. HINT: keep one.")
+    _check_templates(args.stdout, args.stderr)
+    grace = args.grace if args.grace is not None else args.shutdown_timeout
+    grace = 3.0 if grace is None else grace
+    _check_times(args, grace)
+    if args.start_method is not None:
+        notes.append(
+            f"--start-method {args.start_method}: a script starts as a new process "
+            "(torchrun ignores the start method for scripts too)"
+        )
     return LaunchPlan(
         target=args.target,
         module=args.module,
+        no_python=args.no_python,
         args=tuple(args.args),
         nproc=nproc,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
+        rdzv=rdzv,
         max_restarts=args.max_restarts,
-        log_dir=log_dir,
-        stdout=stdout,
-        stderr=stderr,
-        console=args.console,
+        monitor_interval=args.monitor_interval,
+        role=args.role,
+        log_root=Path(args.log_dir) if args.log_dir else None,
+        stdout=args.stdout,
+        stderr=args.stderr,
+        console=_console(args, rdzv),
         timeout=args.timeout,
-        grace=args.grace,
+        grace=grace,
         exit_timeout=args.exit_timeout,
-        run_id=args.run_id,
+        torch_options=_torch_options(args),
         notes=tuple(notes),
     )
 
 
-def _nodes(
-    args: argparse.Namespace, nproc: int, notes: list[str]
-) -> tuple[int, int, str | None, int]:
-    """(nnodes, node_rank, master_addr, master_port) from the options and the environment."""
-    reading = _env.read()
-    if reading.launcher not in ("none", "slurm"):
-        raise ConfigurationError(
-            f"unidist launch is running inside a job that {reading.launcher} already started "
-            f"(rank {reading.rank} of {reading.world_size}). HINT: run the script directly, or "
-            "start unidist launch outside the other launcher."
-        )
-    nnodes, node_rank = args.nnodes, args.node_rank
-    master_addr, master_port = args.master_addr, args.master_port
-    if reading.launcher == "slurm" and nnodes is None:
-        if reading.local_world_size not in (None, 1):
-            raise ConfigurationError(
-                f"under srun, unidist launch starts the processes of a node itself, but this "
-                f"step runs {reading.local_world_size} tasks per node. HINT: srun "
-                "--ntasks-per-node=1 unidist launch -n <processes per node> train.py"
-            )
-        nnodes, node_rank = reading.num_nodes or reading.world_size, reading.node_rank
-        master_addr = master_addr or reading.master_addr
-        master_port = master_port if master_port is not None else reading.master_port
-        notes.append(
-            f"from SLURM: {nnodes} node(s), this is node {node_rank}, master "
-            f"{master_addr}:{master_port}"
-        )
-    if args.world_size is not None:
-        if args.world_size % nproc:
-            raise ConfigurationError(
-                f"--world-size {args.world_size} is not a multiple of --nproc {nproc}; torch's "
-                "agent gives every node the same number of processes. HINT: pass --world-size "
-                f"{(args.world_size // nproc + 1) * nproc} or change --nproc."
-            )
-        implied = args.world_size // nproc
-        if nnodes is not None and nnodes != implied:
-            raise ConfigurationError(
-                f"--world-size {args.world_size} with --nproc {nproc} means {implied} node(s), "
-                f"but --nnodes is {nnodes}. HINT: drop one of them."
-            )
-        nnodes = implied
-    nnodes = 1 if nnodes is None else nnodes
-    if nnodes < 1:
-        raise ConfigurationError(f"--nnodes {nnodes} must be at least 1.")
-    node_rank = _node_rank(args, nnodes, node_rank, nproc)
-    if nnodes > 1 and not master_addr:
-        raise ConfigurationError(
-            f"--nnodes {nnodes} needs --master-addr: every node must know where node 0 is. "
-            "HINT: pass --master-addr <host of node 0> (and the same --master-port) on every node."
-        )
-    if master_port is None or master_port == 0:
-        if nnodes > 1:
-            master_port = 29500
-            notes.append("several nodes and no --master-port: using 29500 on every node")
-        else:
-            master_port = 0
-    elif not 0 < master_port < 65536:
-        raise ConfigurationError(f"--master-port {master_port} is not a TCP port (1-65535).")
-    return nnodes, node_rank, master_addr, master_port
+def _check_times(args: argparse.Namespace, grace: float) -> None:
+    if grace <= 0 or (args.timeout is not None and args.timeout <= 0):
+        raise ConfigurationError("--grace and --timeout must be positive numbers of seconds.")
+    if args.exit_timeout < 0:
+        raise ConfigurationError("--exit-timeout must be 0 (wait for ever) or positive.")
+    if args.max_restarts < 0:
+        raise ConfigurationError(f"--max-restarts {args.max_restarts} must be 0 or more.")
+    if not args.monitor_interval > 0:
+        raise ConfigurationError("--monitor-interval must be a positive number of seconds.")
 
 
-def _node_rank(args: argparse.Namespace, nnodes: int, node_rank: int | None, nproc: int) -> int:
-    if args.base_rank is not None:
-        if node_rank is None and args.base_rank % nproc == 0:
-            node_rank = args.base_rank // nproc
-        if node_rank is None or args.base_rank != node_rank * nproc:
+def _console(args: argparse.Namespace, rdzv: Rendezvous) -> ConsoleSpec:
+    redirects = parse_std(args.redirects, "--redirects")
+    tee = parse_std(args.tee, "--tee")
+    hidden = {
+        local: redirects.get(local, redirects.get(-1, 0)) & ~tee.get(local, tee.get(-1, 0))
+        for local in {*redirects, *tee}
+    }
+    several = rdzv.max_nodes > 1
+    prefix = args.log_line_prefix_template or (
+        "[${hostname} rank${rank}]: " if several else "[rank${rank}]: "
+    )
+    return ConsoleSpec(
+        enabled=args.console,
+        ranks=parse_ranks(args.console_ranks, "--console-ranks"),
+        local_ranks=parse_ranks(args.local_ranks_filter, "--local-ranks-filter"),
+        hidden=hidden,
+        prefix=prefix,
+    )
+
+
+def _torch_options(args: argparse.Namespace) -> dict[str, Any]:
+    """torchrun options that map to ``LaunchConfig`` fields of newer torch releases only."""
+    wanted: dict[str, tuple[str, Any]] = {}
+    if args.signals_to_handle is not None:
+        wanted["signals_to_handle"] = ("--signals-to-handle", args.signals_to_handle)
+    if args.event_log_handler is not None:
+        wanted["event_log_handler"] = ("--event-log-handler", args.event_log_handler)
+    if args.virtual_local_rank:
+        wanted["virtual_local_rank"] = ("--virtual-local-rank", True)
+    if args.numa_binding is not None:
+        wanted["numa_options"] = ("--numa-binding", args.numa_binding)
+    if args.shutdown_timeout is not None:
+        wanted["shutdown_timeout"] = ("--shutdown-timeout", int(args.shutdown_timeout))
+    if not wanted:
+        return {}
+    from torch.distributed.launcher.api import LaunchConfig
+
+    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    for name, (option, _) in wanted.items():
+        if name not in fields and option != "--shutdown-timeout":
+            import torch
+
             raise ConfigurationError(
-                f"--base-rank {args.base_rank} cannot be honoured: torch's elastic agent gives "
-                f"node k the ranks k*nproc .. k*nproc+{nproc - 1}, so node {node_rank} starts at "
-                f"{(node_rank or 0) * nproc}. HINT: drop --base-rank and pass --node-rank."
+                f"{option} needs a newer torch: torch {torch.__version__}'s elastic agent has "
+                f"no {name!r} setting. HINT: upgrade torch, or drop {option}."
             )
-    if node_rank is None:
-        if nnodes > 1:
-            raise ConfigurationError(
-                f"--nnodes {nnodes} needs --node-rank (0..{nnodes - 1}) on each node."
-            )
-        node_rank = 0
-    if not 0 <= node_rank < nnodes:
-        raise ConfigurationError(
-            f"--node-rank {node_rank} is not a node of --nnodes {nnodes}: node ranks are "
-            f"0..{nnodes - 1}. HINT: count nodes from 0."
+    options = {name: value for name, (_, value) in wanted.items() if name in fields}
+    if "numa_options" in options:
+        from torch.numa.binding import (  # type: ignore[import-not-found,unused-ignore]
+            AffinityMode,
+            NumaOptions,
         )
-    return node_rank
+
+        options["numa_options"] = NumaOptions(affinity_mode=AffinityMode(options["numa_options"]))
+    return options
 
 
-def _check_target(target: str, module: bool) -> None:
+def _check_target(target: str, module: bool, no_python: bool) -> None:
+    if no_python:
+        return  # a program on PATH or a path; exec reports a missing one in the rank's log
     if module:
         try:
             found = importlib.util.find_spec(target) is not None
@@ -349,41 +264,65 @@ def _check_target(target: str, module: bool) -> None:
                 f"no module named {target!r} to run with -m. HINT: run from the folder that "
                 "contains the package, or install it (pip install -e .)."
             )
-    elif not Path(target).is_file():
+        return
+    path = Path(target)
+    if path.is_dir() and not (path / "__main__.py").is_file():
+        raise ConfigurationError(
+            f"{target!r} is a folder without a __main__.py, so python cannot run it. HINT: give "
+            "the script inside it, or add __main__.py."
+        )
+    if not path.exists():
         raise ConfigurationError(
             f"script {target!r} does not exist (looked in {os.getcwd()}). HINT: check the path, "
             "or pass -m for a module."
         )
 
 
-def _check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("", port))
-        except OSError:
-            raise ConfigurationError(
-                f"--master-port {port} is already in use on this machine. HINT: pick another "
-                "port, or omit --master-port and let unidist choose a free one."
-            ) from None
-
-
-def _check_templates(stdout: str, stderr: str) -> None:
+def _check_templates(stdout: str | None, stderr: str | None) -> None:
     for name, template in (("--stdout", stdout), ("--stderr", stderr)):
+        if template is None:
+            continue
         try:
             template.format(**_PLACEHOLDERS)
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigurationError(
                 f"{name} {template!r} has an unknown placeholder ({exc}). HINT: use {{rank}}, "
-                "{local_rank}, {node_rank} or {attempt}."
+                "{local_rank}, {node_rank}, {attempt}, {world_size} or {local_world_size}."
             ) from None
-    if stdout.format(**_PLACEHOLDERS) == stderr.format(**_PLACEHOLDERS):
-        raise ConfigurationError(
-            f"--stdout and --stderr both name {stdout!r}; two writers would overwrite each "
-            "other. HINT: give stderr its own file."
-        )
-    for name, template in (("--stdout", stdout), ("--stderr", stderr)):
         if "{rank}" not in template and "{local_rank}" not in template:
             raise ConfigurationError(
                 f"{name} {template!r} has no {{rank}} or {{local_rank}}: every rank would write "
                 "the same file. HINT: add {rank}, e.g. out_{rank}.log."
             )
+    if stdout and stderr and stdout.format(**_PLACEHOLDERS) == stderr.format(**_PLACEHOLDERS):
+        raise ConfigurationError(
+            f"--stdout and --stderr both name {stdout!r}; two writers would overwrite each "
+            "other. HINT: give stderr its own file."
+        )
+
+
+def probe_templates(plan: LaunchPlan, folder: Path) -> None:
+    """Fail before anything starts if this node's log files cannot be written.
+
+    Raises:
+        ConfigurationError: the folder a log file goes to cannot be created or written.
+    """
+    node = plan.rdzv.node_rank or 0
+    for local in range(plan.nproc):
+        values = {
+            **_PLACEHOLDERS,
+            "rank": node * plan.nproc + local,
+            "local_rank": local,
+            "node_rank": node,
+            "local_world_size": plan.nproc,
+        }
+        for path in plan.log_paths(folder, **values):
+            try:
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                tempfile.TemporaryFile(dir=path.parent).close()
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot write log files to {str(path.parent)!r} "
+                    f"({rundir.why(path.parent, exc)}). HINT: choose a writable place with "
+                    "--log-dir, --stdout or --stderr."
+                ) from None

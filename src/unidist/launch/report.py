@@ -6,24 +6,43 @@ order, often the SIGTERM of a healthy rank it stopped itself. Here each rank's o
 *why* it failed: its own exception, a crash, or a consequence of another rank (a collective whose
 peer went away, or a timeout waiting for one). The culprit is the earliest rank that failed on
 its own; if every failure was a wait, it is the rank the others were waiting for, the one the
-launcher found still running.
+launcher found still running. Only the last start of the ranks counts: a failure that a restart
+(``--max-restarts``) recovered from is history, not the outcome.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from unidist.launch.plan import LaunchPlan
+from unidist.launch import records
+from unidist.launch.records import Slot, Start
 
-__all__ = ["RankOutcome", "Report", "analyse", "exit_code_of"]
+if TYPE_CHECKING:
+    from unidist.launch.plan import LaunchPlan
+
+__all__ = ["Observed", "RankOutcome", "Report", "analyse", "exit_code_of", "stack_excerpt"]
 
 _TAIL_LINES = 15
 _OWN = ("raised", "crashed", "hung")
 _WAITED = ("collateral", "timeout")
+#: Frames of the machinery around the user's code, left out of a stopped rank's stack.
+_MACHINERY = ("runpy", "/unidist/launch/", "/multiprocessing/", "/torch/distributed/elastic/")
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
+
+
+@dataclass
+class Observed:
+    """What the launcher's watchdog saw of the latest start (global rank -> time in ns)."""
+
+    stopped: dict[int, int] = field(default_factory=dict)  # sent SIGTERM by the launcher
+    gone: dict[int, int] = field(default_factory=dict)  # seen exited
+    status: dict[int, int | None] = field(default_factory=dict)  # exit status (-N: signal)
+    failed: set[int] = field(default_factory=set)  # exited with an error record or status
+    hung: dict[int, int] = field(default_factory=dict)  # killed for not finishing in time
 
 
 @dataclass
@@ -85,17 +104,41 @@ def _describe(o: RankOutcome) -> str:
 
 
 def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
-    tail = _tail(o.stderr, lines)
-    shown = [f"      | {line}" for line in tail] if tail else ["      | (stderr is empty)"]
-    return [*shown, f"      full logs: {o.stderr}", f"                 {o.stdout}"]
+    text = _read(o.stderr)
+    stack = stack_excerpt(text, lines) if o.status in ("stopped", "hung") else []
+    shown = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
+    body = [f"      | {line}" for line in shown] if shown else ["      | (stderr is empty)"]
+    return [*body, f"      full logs: {o.stderr}", f"                 {o.stdout}"]
 
 
-def _tail(path: Path, lines: int) -> list[str]:
+def _read(path: Path) -> str:
     try:
-        text = path.read_text(errors="replace")
+        return path.read_text(errors="replace")
     except OSError:
+        return ""
+
+
+def stack_excerpt(text: str, frames: int) -> list[str]:
+    """Where a stopped rank was, from the last stack dump in its stderr, user's frames last.
+
+    faulthandler writes the innermost frame first, and the outermost frames are the launcher's
+    (runpy, the bootstrap); the tail of the log would show only those. This keeps the main
+    thread's frames minus that machinery, innermost ``frames`` of them, in traceback order.
+    """
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if _THREAD.match(line):
+            blocks.append([])
+        elif blocks and line.startswith('  File "'):
+            blocks[-1].append(line)
+    if not blocks:
         return []
-    return [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
+    main = [b for b in blocks if any("/unidist/launch/" in f or "runpy" in f for f in b)]
+    chosen = (main or blocks)[-1]
+    kept = [f for f in chosen if not any(part in f for part in _MACHINERY)][:frames]
+    if not kept:
+        return []
+    return ["stack when stopped (most recent call last):", *reversed(kept)]
 
 
 def exit_code_of(code: int) -> int:
@@ -103,64 +146,69 @@ def exit_code_of(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def _records(plan: LaunchPlan) -> dict[tuple[str, int], dict[str, Any]]:
-    """(kind, rank) -> the latest attempt's record."""
-    found: dict[tuple[str, int], dict[str, Any]] = {}
-    if not plan.events.is_dir():
-        return found
-    for path in plan.events.glob("*.json"):
-        data = json.loads(path.read_text())
-        key = (path.name.split("-", 1)[0], int(data["rank"]))
-        if key not in found or data["attempt"] >= found[key]["attempt"]:
-            found[key] = data
-    return found
-
-
 def analyse(
-    plan: LaunchPlan,
+    start: Start | None,
+    events: Path,
     exit_codes: dict[int, int],
-    stopped: dict[int, int],
-    died: dict[int, int],
+    seen: Observed,
+    plan: LaunchPlan,
     interrupted: str | None = None,
-    hung: dict[int, int] | None = None,
 ) -> Report:
-    """Classify every rank of this node and find the culprit.
+    """Classify every rank of this node's last start and find the culprit.
 
     Args:
-        plan: the run.
+        start: the last start of this node's ranks (None: none started).
+        events: the run's record folder.
         exit_codes: local rank -> exit code, for the ranks torch's agent saw fail.
-        stopped: global rank -> when the launcher sent it SIGTERM (ns).
-        died: global rank -> when the launcher saw it die without finishing (ns).
+        seen: what the watchdog saw of that start.
+        plan: the run's plan.
         interrupted: the signal that interrupted the launcher, if any.
-        hung: global rank -> when it was killed for not finishing after the others (ns).
     """
-    records = _records(plan)
-    outcomes = [
-        _outcome(plan, local, records, exit_codes.get(local), stopped, died)
-        for local in range(plan.nproc)
-    ]
-    for outcome in outcomes:
-        if hung and outcome.rank in hung and outcome.status in ("ok", "crashed", "stopped"):
-            outcome.status, outcome.exit_code, outcome.time_ns = "hung", 124, hung[outcome.rank]
-            outcome.detail = (
+    found = records.read(events, start.index) if start is not None else {}
+    slots = start.slots.values() if start is not None else []
+    outcomes = [_outcome(slot, found, exit_codes.get(slot.local_rank), seen) for slot in slots]
+    _settle(outcomes, seen, plan)
+    if interrupted:
+        return Report(outcomes, None, 128 + signal.Signals[interrupted].value, interrupted)
+    failures = [o for o in outcomes if o.status != "ok"]
+    if not failures:
+        if exit_codes:  # torch saw a failure the records cannot place: never report success
+            return Report(outcomes, None, exit_code_of(next(iter(exit_codes.values()))) or 1)
+        return Report(outcomes, None, 0)
+    culprit = _culprit(outcomes)
+    code: int | None = next((o.exit_code for o in sorted(failures, key=_when) if o.exit_code), None)
+    if culprit is not None and culprit.status in _OWN and culprit.exit_code:
+        code = culprit.exit_code
+    return Report(outcomes, culprit, code or 1)
+
+
+def _settle(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> None:
+    """Decide the ranks the records alone could not: hung, vanished, stopped by torch's agent."""
+    for o in outcomes:
+        if o.rank in seen.hung and o.status in ("ok", "crashed", "stopped", "vanished"):
+            o.status, o.exit_code, o.time_ns = "hung", 124, seen.hung[o.rank]
+            o.detail = (
                 f"had not finished {plan.exit_timeout:g} s after another rank did; "
                 "killed (its stack is below; a gloo process-group destructor "
                 "deadlock in torch < 2.8 looks like a frozen line at exit)"
             )
-    if interrupted:
-        code = 128 + signal.Signals[interrupted].value
-        return Report(outcomes, None, code, interrupted)
-    failures = [o for o in outcomes if o.status != "ok"]
-    if not failures:
-        return Report(outcomes, None, 0)
-    culprit = _culprit(outcomes)
-    first_code = next((o.exit_code for o in sorted(failures, key=_when) if o.exit_code), 1)
-    code = (
-        culprit.exit_code
-        if culprit and culprit.status in _OWN and culprit.exit_code
-        else (first_code)
+    failed = [o for o in outcomes if o.status not in ("ok", "vanished")]
+    first = min(
+        (_when(o) for o in failed if o.status != "crashed" or not _terminated(o)), default=None
     )
-    return Report(outcomes, culprit, code or 1)
+    for o in outcomes:
+        if o.status == "vanished":
+            # Gone without a record and torch reaped it before its status could be read: if
+            # nothing failed it finished; otherwise torch's agent stopped it with the group.
+            o.status, o.detail = (
+                ("stopped", "stopped while still running") if failed else ("ok", "finished")
+            )
+        elif o.status == "crashed" and _terminated(o) and first is not None and first < _when(o):
+            o.status, o.detail = "stopped", "stopped by torch's agent after another rank failed"
+
+
+def _terminated(o: RankOutcome) -> bool:
+    return o.exit_code == 128 + signal.SIGTERM
 
 
 def _when(o: RankOutcome) -> int:
@@ -191,38 +239,37 @@ _ERROR_WORDS = {
 
 
 def _outcome(
-    plan: LaunchPlan,
-    local: int,
-    records: dict[tuple[str, int], dict[str, Any]],
-    exit_code: int | None,
-    stopped: dict[int, int],
-    died: dict[int, int],
+    slot: Slot, found: dict[tuple[str, int], dict[str, Any]], torch_code: int | None, seen: Observed
 ) -> RankOutcome:
-    rank = plan.node_rank * plan.nproc + local
-    start = records.get(("start", rank), {})
-    error = records.get(("error", rank))
-    stdout, stderr = plan.log_paths(rank, local, int(start.get("attempt", 0)))
-    code = None if exit_code is None else exit_code_of(exit_code)
+    rank = slot.rank
+    status = seen.status.get(rank)
+    raw = torch_code if torch_code is not None else status
+    code = None if raw is None or raw == 0 else exit_code_of(raw)
+    error = found.get(("error", rank))
 
-    def outcome(status: str, detail: str, when: int | None) -> RankOutcome:
-        host = str(start.get("host", "?"))
-        return RankOutcome(rank, local, host, status, detail, code, when, stdout, stderr)
+    def outcome(kind: str, detail: str, when: int | None) -> RankOutcome:
+        host = str(found.get(("start", rank), {}).get("host", "?"))
+        return RankOutcome(
+            rank, slot.local_rank, host, kind, detail, code, when, slot.stdout, slot.stderr
+        )
 
-    if error is not None:
-        kind = str(error["kind"])
-        first_line = str(error["message"]).splitlines()[0] if error["message"] else ""
-        detail = f"{_ERROR_WORDS[kind]} {error['type']}: {first_line[:300]}"
-        return outcome(kind, detail.strip(), int(error["time_ns"]))
-    if rank in stopped and (rank not in died or stopped[rank] <= died[rank]):
-        return outcome("stopped", "stopped while still running", stopped[rank])
-    if exit_code is not None and exit_code != 0:
-        if exit_code < 0:
-            how = f"killed by {signal.Signals(-exit_code).name} (not by the launcher)"
+    if error is not None and error.get("kind") in _ERROR_WORDS:
+        message = str(error.get("message") or "")
+        first_line = message.splitlines()[0] if message else ""
+        detail = f"{_ERROR_WORDS[error['kind']]} {error.get('type')}: {first_line[:300]}"
+        return outcome(str(error["kind"]), detail.strip(), int(error["time_ns"]))
+    gone = seen.gone.get(rank)
+    stopped = seen.stopped.get(rank)
+    if stopped is not None and (gone is None or stopped <= gone):
+        return outcome("stopped", "stopped while still running", stopped)
+    if raw is not None and raw != 0:
+        if raw < 0:
+            how = f"killed by {signal.Signals(-raw).name} (not by the launcher)"
         else:
-            how = f"exited with code {exit_code} without a Python exception"
-        return outcome("crashed", how, died.get(rank))
-    if ("done", rank) not in records and rank in died:
-        # Torch's agent did not see it fail on its own (it would have an exit code), so the agent
-        # stopped it, after another rank failed, before the watchdog got to it.
-        return outcome("stopped", "stopped while still running", died[rank])
+            how = f"exited with code {raw} without a Python exception"
+        return outcome("crashed", how, gone)
+    if ("done", rank) in found or status == 0:
+        return outcome("ok", "finished", None)
+    if gone is not None:
+        return outcome("vanished", "", gone)
     return outcome("ok", "finished", None)

@@ -1,11 +1,17 @@
 """Run a :class:`LaunchPlan` on torch's elastic agent, stop fast on failure, leave nothing behind.
 
-torch's ``elastic_launch`` does the rendezvous (c10d with a free port on one node, static with
-``--node-rank`` across nodes), starts each rank in its own session, and restarts the group on
-failure. unidist adds: per-rank log files from templates (a ``LogsSpecs``), a console copy
-prefixed by rank, a watchdog that stops the surviving ranks a moment after one fails (SIGTERM,
-then SIGKILL after ``grace``: torch waits 30 s), a final SIGKILL of every rank's process group so
-DataLoader workers of a crashed rank cannot linger, and the culprit report.
+torch's ``elastic_launch`` does the rendezvous (c10d, static, etcd; elastic membership), starts
+each rank in its own session, and restarts the group after a failure or a change of membership.
+unidist adds: a new private folder per run (:mod:`~unidist.launch.rundir`) with per-rank log
+files from templates (a ``LogsSpecs``), a console that copies the chosen ranks' files
+(:mod:`~unidist.launch.console`), a watchdog that stops the surviving ranks a moment after one
+fails (SIGTERM, then SIGKILL after ``grace``: torch waits 30 s), a final SIGKILL of every rank's
+process group so DataLoader workers of a crashed rank cannot linger, and the culprit report.
+
+A rank counts as failed only on evidence: its own error record, or a non-zero exit status. A
+rank that leaves with ``os._exit(0)`` while the others still work is not a failure (torchrun
+agrees). PIDs are signalled only if they belong to this run's ranks: the records are this run's
+own, and each PID's start time is checked, so a reused PID is left alone.
 """
 
 from __future__ import annotations
@@ -23,86 +29,140 @@ from pathlib import Path
 from typing import Any
 
 from unidist import _env
-from unidist.launch.plan import LaunchPlan
-from unidist.launch.report import Report, analyse
+from unidist.errors import LaunchError
+from unidist.launch import records, rundir
+from unidist.launch.console import Console
+from unidist.launch.plan import LaunchPlan, probe_templates
+from unidist.launch.records import Slot, Start
+from unidist.launch.report import Observed, Report, analyse
 
-__all__ = ["launch_config", "run"]
+__all__ = ["Run", "launch_config", "run", "script_command"]
 
 
-def _logs_specs(plan: LaunchPlan) -> Any:
+class Run:
+    """One launcher run: its private folder, the starts of this node's ranks, the console."""
+
+    def __init__(self, plan: LaunchPlan, folder: Path, console: Console | None = None) -> None:
+        self.plan = plan
+        self.folder = folder
+        self.events = folder / ".events"
+        self.console = console
+        self.host = socket.gethostname()
+        self.starts: list[Start] = []
+        self._lock = threading.Lock()
+
+    @property
+    def current(self) -> Start | None:
+        """The latest start, or None before the first."""
+        with self._lock:
+            return self.starts[-1] if self.starts else None
+
+    def begin(self, envs: dict[int, dict[str, str]]) -> Start:
+        """A new start of this node's ranks (torch's agent is about to start them).
+
+        Creates each rank's log files (0600), tells each rank where its records go and which
+        start it is, and points the console at the new files.
+        """
+        plan = self.plan
+        with self._lock:
+            index = len(self.starts)
+        slots: dict[int, Slot] = {}
+        for local, env in sorted(envs.items()):
+            rank, node = int(env["RANK"]), int(env.get("GROUP_RANK", "0"))
+            out, err = plan.log_paths(
+                self.folder,
+                rank=rank,
+                local_rank=local,
+                node_rank=node,
+                attempt=index,
+                world_size=int(env["WORLD_SIZE"]),
+                local_world_size=plan.nproc,
+            )
+            rundir.private_file(out)
+            rundir.private_file(err)
+            env[records.EVENTS], env[records.START] = str(self.events), str(index)
+            slots[local] = Slot(rank, local, node, int(env["WORLD_SIZE"]), out, err)
+        start = Start(index, slots)
+        if self.console is not None:
+            self.console.retire()
+            for slot in slots.values():
+                prefix = plan.console.prefix_for(slot.rank, slot.local_rank, plan.role, self.host)
+                for stream, path in (("stdout", slot.stdout), ("stderr", slot.stderr)):
+                    if plan.console.shows(slot.rank, slot.local_rank, stream):
+                        self.console.follow(path, stream, prefix)
+        with self._lock:
+            self.starts.append(start)
+        return start
+
+
+def _logs_specs(run: Run) -> Any:
     from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 
-    class TemplateLogsSpecs(LogsSpecs):
-        """Per-rank files named by the plan's templates, copied to the console if asked."""
+    class RunLogsSpecs(LogsSpecs):
+        """Each start's files, named by the plan's templates inside the run's folder."""
 
         def __init__(self) -> None:
-            super().__init__(log_dir=str(plan.log_dir))
+            super().__init__(log_dir=str(run.folder))
 
         @property
         def root_log_dir(self) -> str:
-            return str(plan.log_dir)
+            return str(run.folder)
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
+            start = run.begin(envs)
             dest = LogsDest()
-            for local, env in envs.items():
-                attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
-                out, err = plan.log_paths(int(env["RANK"]), local, attempt)
-                for path in (out, err):
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                dest.stdouts[local], dest.stderrs[local] = str(out), str(err)
-                if plan.console:
-                    dest.tee_stdouts[local], dest.tee_stderrs[local] = str(out), str(err)
-                error_file = plan.log_dir / f"attempt{attempt}" / f"rank{env['RANK']}.error.json"
-                error_file.parent.mkdir(parents=True, exist_ok=True)
+            for local, slot in start.slots.items():
+                dest.stdouts[local], dest.stderrs[local] = str(slot.stdout), str(slot.stderr)
+                error_file = run.events / f"s{start.index}-r{slot.rank}.torch-error.json"
                 dest.error_files[local] = str(error_file)
             return dest
 
-    return TemplateLogsSpecs()
+    return RunLogsSpecs()
 
 
-def launch_config(plan: LaunchPlan) -> Any:
-    """torch's ``LaunchConfig`` for the plan."""
+def launch_config(run: Run) -> Any:
+    """torch's ``LaunchConfig`` for the run."""
     from torch.distributed.launcher.api import LaunchConfig
 
-    host = plan.master_addr or "localhost"
-    if plan.nnodes == 1:  # c10d: node 0 binds the port itself, so port 0 is race-free
-        backend, configs = "c10d", {}
-    else:
-        backend, configs = "static", {"rank": plan.node_rank}
-    where = f"{socket.gethostname()} " if plan.nnodes > 1 else ""
+    plan, rdzv = run.plan, run.plan.rdzv
+    configs: dict[str, Any] = dict(rdzv.configs)
+    if rdzv.backend == "static":
+        configs["rank"] = rdzv.node_rank
     return LaunchConfig(
-        min_nodes=plan.nnodes,
-        max_nodes=plan.nnodes,
+        min_nodes=rdzv.min_nodes,
+        max_nodes=rdzv.max_nodes,
         nproc_per_node=plan.nproc,
-        run_id=plan.run_id,
-        rdzv_backend=backend,
-        rdzv_endpoint=f"{host}:{plan.master_port}",
+        run_id=rdzv.run_id,
+        role=plan.role,
+        rdzv_backend=rdzv.backend,
+        rdzv_endpoint=rdzv.endpoint,
         rdzv_configs=configs,
         max_restarts=plan.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=plan.monitor_interval,
         start_method="spawn",
-        log_line_prefix_template=f"[{where}rank${{rank}}]: ",
-        logs_specs=_logs_specs(plan),
+        local_addr=rdzv.local_addr,
+        logs_specs=_logs_specs(run),
+        **plan.torch_options,
     )
 
 
 class _Watchdog(threading.Thread):
-    """Stops the survivors soon after a rank dies without finishing; records who and when."""
+    """Stops the survivors soon after a rank fails; records what it saw of the latest start."""
 
-    def __init__(self, plan: LaunchPlan) -> None:
+    def __init__(self, run: Run) -> None:
         super().__init__(name="unidist-launch-watchdog", daemon=True)
-        self.plan = plan
-        self.stopped: dict[int, int] = {}
-        self.died: dict[int, int] = {}
-        self.hung: dict[int, int] = {}
-        self.pids: dict[tuple[int, int], int] = {}  # (attempt, rank) -> pid
-        self._attempt = 0
+        self.run_ = run
+        self.seen = Observed()
+        self.procs: dict[tuple[int, int], tuple[int, int | None]] = {}  # (start, rank) -> pid
+        self._start = -1
         self._halt = threading.Event()
         self._deadline: float | None = None
         self._exit_deadline: float | None = None
+        # Look more often than torch's agent, which reaps exited ranks (their status with them).
+        self._interval = min(0.05, run.plan.monitor_interval / 2)
 
     def run(self) -> None:
-        while not self._halt.wait(0.05):
+        while not self._halt.wait(self._interval):
             self.scan()
 
     def stop(self) -> None:
@@ -110,84 +170,102 @@ class _Watchdog(threading.Thread):
         self.join(timeout=5)
 
     def scan(self) -> None:
-        events = self.plan.events
-        current = self._current_ranks(events)
-        if not current:
+        start = self.run_.current
+        if start is None:
             return
-        for rank, pid in current.items():
-            if rank in self.died or _alive(pid):
+        if start.index != self._start:  # a restart: what was seen belongs to the old start
+            self._start, self._deadline, self._exit_deadline = start.index, None, None
+            self.seen = Observed()
+        found = records.read(self.run_.events, start.index)
+        procs: dict[int, tuple[int, int | None]] = {}
+        for slot in start.slots.values():
+            record = found.get(("start", slot.rank))
+            if record is None:
                 continue
-            if not (events / f"done-a{self._attempt}-r{rank}.json").exists():
-                self.died[rank] = time.time_ns()
-        if self.died and self._deadline is None:
-            self._stop_survivors(events, current)
+            procs[slot.rank] = self.procs[(start.index, slot.rank)] = (
+                int(record["pid"]),
+                record.get("pid_start"),
+            )
+            if slot.rank not in self.seen.gone:
+                self._check(slot.rank, procs[slot.rank], found)
+        if self.seen.failed and self._deadline is None:
+            self._stop_survivors(procs, found)
         if self._deadline is not None and time.monotonic() > self._deadline:
-            for pid in current.values():
-                _signal_group(pid, signal.SIGKILL)
-        self._watch_exits(events, self._attempt, current)
+            for rank, proc in procs.items():
+                if rank not in self.seen.gone:
+                    _signal(proc, signal.SIGKILL)
+        self._watch_exits(procs)
 
-    def _current_ranks(self, events: Path) -> dict[int, int]:
-        """rank -> pid of the latest attempt (a new attempt resets what was seen)."""
-        import json
-
-        if not events.is_dir():
-            return {}
-        for path in events.glob("start-*.json"):
-            data = json.loads(path.read_text())
-            self.pids.setdefault((data["attempt"], data["rank"]), data["pid"])
-        if not self.pids:
-            return {}
-        attempt = max(a for a, _ in self.pids)
-        if attempt != self._attempt:  # torch's agent restarted the group: a fresh start
-            self._attempt, self._deadline, self._exit_deadline = attempt, None, None
-            self.died.clear()
-            self.stopped.clear()
-            self.hung.clear()
-        return {rank: pid for (a, rank), pid in self.pids.items() if a == attempt}
-
-    def _stop_survivors(self, events: Path, current: dict[int, int]) -> None:
-        """SIGTERM every rank still running (each dumps its stack); SIGKILL after ``grace``."""
-        self._deadline = time.monotonic() + self.plan.grace
-        for rank, pid in current.items():
-            if rank in self.died or not _alive(pid):
-                continue
-            if (events / f"error-a{self._attempt}-r{rank}.json").exists():
-                continue  # already failing and on its way out; SIGKILL after grace if not
-            self.stopped[rank] = time.time_ns()
-            _signal_group(pid, signal.SIGTERM)
-
-    def _watch_exits(self, events: Path, attempt: int, current: dict[int, int]) -> None:
-        """After a rank finished, give the others ``exit_timeout`` to finish, then kill them."""
-        if not self.plan.exit_timeout or self._deadline is not None:
+    def _check(self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any]) -> None:
+        running, status = _state(*proc)
+        if running:
             return
-        finished = [
-            rank
-            for rank, pid in current.items()
-            if (events / f"done-a{attempt}-r{rank}.json").exists() and not _alive(pid)
-        ]
+        self.seen.gone[rank] = time.time_ns()
+        self.seen.status[rank] = status
+        finished = ("done", rank) in found or status == 0
+        if ("error", rank) in found or (status is not None and not finished):
+            self.seen.failed.add(rank)
+
+    def _stop_survivors(
+        self, procs: dict[int, tuple[int, int | None]], found: dict[Any, Any]
+    ) -> None:
+        """SIGTERM every rank still running (each dumps its stack); SIGKILL after ``grace``."""
+        self._deadline = time.monotonic() + self.run_.plan.grace
+        for rank, proc in procs.items():
+            if rank in self.seen.gone or ("error", rank) in found:
+                continue  # gone, or already failing and on its way out (SIGKILL after grace)
+            self.seen.stopped[rank] = time.time_ns()
+            _signal(proc, signal.SIGTERM)
+
+    def _watch_exits(self, procs: dict[int, tuple[int, int | None]]) -> None:
+        """After a rank finished, give the others ``exit_timeout`` to finish, then kill them."""
+        if not self.run_.plan.exit_timeout or self._deadline is not None:
+            return
+        finished = [r for r in self.seen.gone if r not in self.seen.failed]
         if finished and self._exit_deadline is None:
-            self._exit_deadline = time.monotonic() + self.plan.exit_timeout
+            self._exit_deadline = time.monotonic() + self.run_.plan.exit_timeout
         if self._exit_deadline is None or time.monotonic() < self._exit_deadline:
             return
-        for rank, pid in current.items():
-            if _alive(pid) and rank not in self.hung:
-                self.hung[rank] = time.time_ns()
-                _signal_group(pid, signal.SIGUSR1)  # every thread's stack into its stderr log
-        time.sleep(0.5)
-        for rank in self.hung:
-            _signal_group(current[rank], signal.SIGKILL)
+        hung = [rank for rank in procs if rank not in self.seen.gone]
+        for rank in hung:
+            if rank not in self.seen.hung:
+                self.seen.hung[rank] = time.time_ns()
+                _signal(procs[rank], signal.SIGUSR1)  # every thread's stack into its stderr log
+        if hung:
+            time.sleep(0.5)
+        for rank in hung:
+            _signal(procs[rank], signal.SIGKILL)
 
     def sweep(self) -> None:
         """SIGKILL every rank's process group (leftover DataLoader workers included)."""
-        for pid in self.pids.values():
-            _signal_group(pid, signal.SIGKILL)
+        for proc in self.procs.values():
+            _signal(proc, signal.SIGKILL)
 
 
-def _alive(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
+def _state(pid: int, pid_start: int | None) -> tuple[bool, int | None]:
+    """(still running, exit status if known: -N for signal N).
+
+    Ranks are this process's children: ``waitid(WNOWAIT)`` reads an exited rank's status
+    without reaping it, so torch's agent still sees it. Once torch has reaped it, the status
+    is unknown here (torch's agent acts on it then).
+    """
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError, AttributeError):
+        return _alive(pid, pid_start), None
+    if info is None:
+        return True, None
+    exited = info.si_code == os.CLD_EXITED
+    return False, info.si_status if exited else -info.si_status
+
+
+def _alive(pid: int, pid_start: int | None) -> bool:
+    started = records.process_start_time(pid)
+    if started is not None:
+        stat = Path(f"/proc/{pid}/stat")
         with contextlib.suppress(OSError, IndexError):
-            return stat.read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            zombie = stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            return not zombie and (pid_start is None or started == pid_start)
         return False
     try:
         os.kill(pid, 0)
@@ -198,51 +276,100 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
+def _signal(proc: tuple[int, int | None], sig: signal.Signals) -> None:
+    """Signal a rank's process group, unless its PID now belongs to another process."""
+    pid, pid_start = proc
+    started = records.process_start_time(pid)
+    if started is not None and pid_start is not None and started != pid_start:
+        return  # the PID was reused by a process that is not this run's
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)  # every rank leads its own session (torch starts it that way)
 
 
 def run(
-    plan: LaunchPlan, entrypoint: str | Callable[..., Any], args: list[Any], verbose: bool = False
-) -> tuple[Report, dict[int, Any]]:
-    """Run the job; returns this node's report and, for a function entrypoint, its results."""
+    plan: LaunchPlan,
+    entrypoint: str | Callable[..., Any],
+    args: list[Any],
+    verbose: bool = False,
+) -> tuple[Report, dict[int, Any], Path]:
+    """Run the job; returns this node's report, a function entrypoint's results, the run folder.
+
+    Raises:
+        ConfigurationError: the log files cannot be written (checked before anything starts).
+        LaunchError: the rendezvous failed (no rank ran).
+    """
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
 
-    plan.events.mkdir(parents=True, exist_ok=True)
+    folder = rundir.create_run_folder(plan.log_root)
+    try:
+        probe_templates(plan, folder)
+        (folder / ".events").mkdir(mode=0o700)
+    except Exception:
+        rundir.remove(folder)
+        raise
     if not verbose:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    watchdog = _Watchdog(plan)
+    console = Console(sys.stdout, sys.stderr) if plan.console.enabled else None
+    job = Run(plan, folder, console)
+    watchdog = _Watchdog(job)
     watchdog.start()
+    if console is not None:
+        console.start()
     exit_codes: dict[int, int] = {}
     interrupted = None
     results: dict[int, Any] = {}
     try:
         with _env.patched(_exports(plan), only_missing=False):
-            results = elastic_launch(launch_config(plan), entrypoint)(*args)
+            results = _launch(job, entrypoint, args)
     except ChildFailedError as exc:
         exit_codes = {f.local_rank: f.exitcode for f in exc.failures.values()}
     except SignalException as exc:
         interrupted = signal.Signals(exc.sigval).name
     except KeyboardInterrupt:
         interrupted = "SIGINT"
+    except Exception as exc:
+        if job.current is not None:
+            raise
+        # Nothing started: the rendezvous (or the agent's set-up) failed; say where and why.
+        raise LaunchError(_rendezvous_failed(plan, exc), exit_code=1, culprit=None) from None
     finally:
         watchdog.stop()
         watchdog.scan()
         watchdog.sweep()
-    report = analyse(plan, exit_codes, watchdog.stopped, watchdog.died, interrupted, watchdog.hung)
-    return report, results
+        if console is not None:
+            console.close()
+    report = analyse(job.current, job.events, exit_codes, watchdog.seen, plan, interrupted)
+    return report, results, folder
+
+
+def _launch(job: Run, entrypoint: str | Callable[..., Any], args: list[Any]) -> dict[int, Any]:
+    from torch.distributed.launcher.api import elastic_launch
+
+    results: dict[int, Any] = elastic_launch(launch_config(job), entrypoint)(*args)
+    return results
+
+
+def _rendezvous_failed(plan: LaunchPlan, exc: BaseException) -> str:
+    rdzv = plan.rdzv
+    return (
+        f"unidist launch: the {rdzv.backend} rendezvous at {rdzv.endpoint} (id {rdzv.run_id!r}, "
+        f"{rdzv.nnodes} node(s)) did not complete: {type(exc).__name__}: {exc}\n"
+        "HINT: every node must run unidist launch with the same --rdzv-endpoint, --rdzv-id and "
+        "--nnodes, and HOST:PORT must be reachable from every node; the rendezvous waits "
+        "join_timeout seconds (--rdzv-conf join_timeout=600) for the others.\n"
+    )
 
 
 def _exports(plan: LaunchPlan) -> dict[str, str]:
     """Variables every rank inherits (set in this process only while the job runs)."""
-    values = {
-        "UNIDIST_LAUNCHER": "launch",
-        "UNIDIST_EVENTS": str(plan.events),
-        "PYTHONUNBUFFERED": "1",
-    }
+    values = {_env.LAUNCHER_MARKER: "launch", "PYTHONUNBUFFERED": "1"}
+    # torch's dynamic rendezvous lends the ranks one store for the whole run, restarts included,
+    # with no per-attempt prefix ("we create a new TCPStore for every retry", says
+    # torch.distributed.rendezvous, but the handler caches it): after a restart gloo reads the
+    # previous attempt's addresses and fails with "connectFullMesh failed" (torch 2.7 to 2.14,
+    # torchrun too). torch's opt-out gives every rendezvous round a fresh store on rank 0.
+    values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if plan.nproc > 1 and not _env.is_set("OMP_NUM_THREADS"):
         values["OMP_NUM_THREADS"] = "1"  # as torchrun does
     if plan.timeout is not None:
@@ -251,6 +378,9 @@ def _exports(plan: LaunchPlan) -> dict[str, str]:
 
 
 def script_command(plan: LaunchPlan) -> tuple[str, list[str]]:
-    """The program and arguments each rank runs for a script or module target."""
-    target = ["-m", plan.target] if plan.module else [str(plan.target)]
+    """The program and arguments each rank runs for a script, module or program target."""
+    if plan.no_python:
+        target = ["--exec", str(plan.target)]
+    else:
+        target = ["-m", str(plan.target)] if plan.module else [str(plan.target)]
     return sys.executable, ["-u", "-m", "unidist.launch._bootstrap", *target, *plan.args]

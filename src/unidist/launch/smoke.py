@@ -1,8 +1,10 @@
 """``unidist smoke``: a tiny job through the launcher that checks every collective across ranks.
 
 Run it before debugging a real job: if this fails, the problem is the machine, the network or the
-installation, not the training script. Each rank runs the same checks in the same order; rank 0
-prints a pass/fail table with the slowest rank's time for each check.
+installation, not the training script. Each rank runs the same checks in the same order, once
+through every installed adapter (torch, then Composer and Ignite where installed, and any
+third-party adapter); rank 0 prints a pass/fail table with the slowest rank's time for each
+check, and one verdict per adapter.
 
     unidist smoke -n 2 --backend gloo
     python -m unidist.launch.smoke --backend gloo   # what each rank runs
@@ -134,8 +136,40 @@ def _run(name: str, check: Callable[[], str]) -> tuple[bool, float, str]:
         return False, time.perf_counter() - started, f"{type(exc).__name__}: {exc}"[:200]
 
 
+def adapters_to_check() -> list[str]:
+    """The installed adapters that run across processes: the one in use first, then the rest."""
+    import unidist
+    from unidist.adapters import registry
+
+    first = unidist.current_adapter().name
+    others = [name for name in registry.available() if name not in (first, "serial")]
+    return [first, *others]
+
+
+def _check_adapter(
+    name: str, started: tuple[bool, float, str] | None
+) -> dict[str, tuple[bool, float, str]]:
+    """Every check with collectives routed through the adapter ``name``.
+
+    ``started`` is the ``initialize`` row of the adapter that started the process group; the
+    other adapters adopt that group, and their first row says how long adopting took.
+    """
+    import unidist
+
+    began = time.perf_counter()
+    try:
+        with unidist.use(name):
+            first = started or (True, time.perf_counter() - began, "adopted the process group")
+            return {"initialize": first, **{c: _run(c, check) for c, check in CHECKS.items()}}
+    except Exception as exc:  # the adapter could not adopt the process group: one failed row
+        return {"initialize": (False, time.perf_counter() - began, f"{type(exc).__name__}: {exc}")}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run every check on this rank; rank 0 prints the table. Exit status 1 if any failed."""
+    """Run every check through every installed adapter on this rank; rank 0 prints the table.
+
+    Exit status 1 if any check failed on any rank.
+    """
     import unidist
 
     parser = argparse.ArgumentParser(description="unidist smoke check (one rank)")
@@ -144,33 +178,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     unidist.initialize(args.backend, timeout=args.timeout)
-    init = time.perf_counter() - started
-    mine = {
-        "initialize": (
-            True,
-            init,
-            f"backend {unidist.backend()}, adapter {unidist.current_adapter().name}",
-        )
-    }
-    mine.update({name: _run(name, check) for name, check in CHECKS.items()})
+    init = (True, time.perf_counter() - started, f"backend {unidist.backend()}")
+    names = adapters_to_check()
+    mine = {name: _check_adapter(name, init if name == names[0] else None) for name in names}
     everyone: list[dict[str, Any]] = unidist.all_gather_object(mine)
     unidist.finalize()
-    ok = all(result[0] for results in everyone for result in results.values())
+    verdicts = {
+        name: all(r[0] for results in everyone for r in results[name].values()) for name in names
+    }
     if unidist.is_main_process():
-        print(_table(everyone))
-        print(f"smoke check {'PASSED' if ok else 'FAILED'} on {len(everyone)} rank(s)")
-    return 0 if ok else 1
+        print(_table(everyone, names))
+        summary = ", ".join(f"{n} {'ok' if ok else 'FAILED'}" for n, ok in verdicts.items())
+        passed = "PASSED" if all(verdicts.values()) else "FAILED"
+        print(f"smoke check {passed} on {len(everyone)} rank(s); adapters: {summary}")
+    return 0 if all(verdicts.values()) else 1
 
 
-def _table(everyone: list[dict[str, Any]]) -> str:
-    lines = [f"{'check':<16} {'result':<6} {'slowest ms':>10}  detail"]
-    for name in everyone[0]:
-        results = [ranks[name] for ranks in everyone]
-        failed = [r for r, result in enumerate(results) if not result[0]]
-        slowest = max(result[1] for result in results) * 1000
-        detail = results[failed[0]][2] if failed else results[0][2]
-        status = "ok" if not failed else f"FAIL {failed}"
-        lines.append(f"{name:<16} {status:<6} {slowest:>10.1f}  {detail}")
+def _table(everyone: list[dict[str, Any]], names: list[str]) -> str:
+    lines = [f"{'adapter':<10} {'check':<16} {'result':<6} {'slowest ms':>10}  detail"]
+    for adapter in names:
+        for name in everyone[0][adapter]:
+            results = [ranks[adapter][name] for ranks in everyone]
+            failed = [r for r, result in enumerate(results) if not result[0]]
+            slowest = max(result[1] for result in results) * 1000
+            detail = results[failed[0]][2] if failed else results[0][2]
+            status = "ok" if not failed else f"FAIL {failed}"
+            lines.append(f"{adapter:<10} {name:<16} {status:<6} {slowest:>10.1f}  {detail}")
     return "\n".join(lines)
 
 

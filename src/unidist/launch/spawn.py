@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import os
-import tempfile
-import time
+import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from unidist.errors import ConfigurationError, LaunchError
+from unidist.launch.console import ConsoleSpec
 from unidist.launch.plan import LaunchPlan
+from unidist.launch.rendezvous import Rendezvous
 
 __all__ = ["spawn"]
 
@@ -26,12 +28,16 @@ def spawn(
     timeout: float | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     console: bool = True,
+    pass_local_rank: bool = False,
+    keep_logs: bool | None = None,
 ) -> list[R]:
     """Run ``fn(*args)`` on ``nproc`` local processes, each with an initialized unidist session.
 
     The same machinery as ``unidist launch`` (torch's elastic agent, per-rank logs, fast stop of
     the other ranks when one fails), from Python: the replacement for Ignite's ``Parallel`` and
-    ``idist.spawn``, except that it returns every rank's result.
+    ``idist.spawn``, except that it returns every rank's result. Inside each process,
+    multiprocessing's default start method is the platform's (``fork`` on Linux), as in a
+    script, so DataLoader workers start in milliseconds rather than importing torch again.
 
     Args:
         fn: a module-level function (processes are started with ``spawn``, so it is pickled).
@@ -39,51 +45,99 @@ def spawn(
         nproc: number of processes.
         backend: process-group backend (``None``: unidist's default for the device).
         timeout: collective timeout in the ranks, seconds.
-        log_dir: where per-rank logs go (default: a new folder under the temp dir).
+        log_dir: where each call's log folder goes (default: a per-user folder in the temp dir).
         console: copy the ranks' output to this console, prefixed by rank.
+        pass_local_rank: call ``fn(local_rank, *args)``, as Ignite's ``Parallel.run`` does.
+            A function whose first parameter is named ``local_rank`` must be called that way:
+            without it, ``spawn`` refuses to start rather than pass ``args[0]`` as the rank.
+        keep_logs: keep the log folder of a successful call (default: only if ``log_dir`` is
+            given). A failed call's logs are always kept; the error names them.
 
     Returns:
         ``fn``'s return value from every rank, in rank order.
 
     Raises:
+        ConfigurationError: ``fn`` cannot be called with these arguments.
         LaunchError: a rank failed; the message names the culprit and shows its log.
     """
-    from unidist.launch import runner
+    from unidist.launch import rundir, runner
 
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigurationError(f"spawn(nproc={nproc!r}) needs at least one process.")
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    folder = (
-        Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir(), "unidist", run_id)
-    )
+    _check_call(fn, args, pass_local_rank)
     plan = LaunchPlan(
         target=None,
         nproc=nproc,
-        log_dir=folder,
-        stdout=str(folder / "rank{rank}.stdout.log"),
-        stderr=str(folder / "rank{rank}.stderr.log"),
-        console=console,
+        rdzv=Rendezvous(run_id=uuid.uuid4().hex[:12]),
+        log_root=Path(log_dir) if log_dir is not None else None,
+        console=ConsoleSpec(enabled=console),
         timeout=timeout,
-        run_id=run_id,
     )
-    report, results = runner.run(plan, _rank_main, [fn, args, backend])
+    report, results, folder = runner.run(plan, _rank_main, [fn, args, backend, pass_local_rank])
     if report.failed:
         culprit = report.culprit.rank if report.culprit is not None else None
         raise LaunchError(report.format(), exit_code=report.exit_code, culprit=culprit)
+    if not (keep_logs if keep_logs is not None else log_dir is not None):
+        rundir.remove(folder)
     return [results[rank] for rank in range(nproc)]
 
 
-def _rank_main(fn: Callable[..., R], args: tuple[Any, ...], backend: str | None) -> R:
+def _check_call(fn: Callable[..., Any], args: tuple[Any, ...], pass_local_rank: bool) -> None:
+    """Refuse, before any process starts, a call that would fail or pass the wrong values."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: nothing to check
+    name = getattr(fn, "__qualname__", repr(fn))
+    positional = [
+        p
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    wants_rank = bool(positional) and positional[0].name == "local_rank"
+    if wants_rank and not pass_local_rank:
+        got = f"args[0]={args[0]!r}" if args else "nothing"
+        raise ConfigurationError(
+            f"{name}(local_rank, ...) takes the local rank first, as Ignite's Parallel.run "
+            f"passes it, but spawn would pass {got} there. HINT: spawn({name}, ..., "
+            "pass_local_rank=True)."
+        )
+    call = (0, *args) if pass_local_rank else args
+    try:
+        signature.bind(*call)
+    except TypeError as exc:
+        shown = "local_rank, " * pass_local_rank + ", ".join(repr(a) for a in args)
+        raise ConfigurationError(
+            f"spawn cannot call {name}{signature} with ({shown}): {exc}. HINT: pass the "
+            "arguments it takes" + (", or drop pass_local_rank=True." if pass_local_rank else ".")
+        ) from None
+
+
+def _rank_main(
+    fn: Callable[..., R], args: tuple[Any, ...], backend: str | None, pass_local_rank: bool
+) -> R:
+    import multiprocessing
+
     import unidist
-    from unidist.launch._rank import prepare_rank, record_done, record_error
+    from unidist.launch._rank import (
+        default_start_method,
+        prepare_rank,
+        record_done,
+        record_error,
+    )
 
     os.setpgrp()  # lead a process group, as script ranks do, so stopping takes children along
+    # This process was started by the spawn method and would hand it down to its DataLoader
+    # workers (each a new interpreter importing torch: seconds instead of milliseconds).
+    multiprocessing.set_start_method(default_start_method(), force=True)
     prepare_rank()
     try:
         unidist.initialize(backend)
-        value = fn(*args)
+        call = (unidist.get_local_rank(), *args) if pass_local_rank else args
+        value = fn(*call)
     except BaseException as exc:
         record_error(exc)
+        traceback.print_exc()  # into this rank's log, as a script rank's traceback goes
         raise
     finally:
         unidist.finalize()

@@ -5,6 +5,11 @@ frameworks, so a 2-rank run starts in a fraction of a second instead of paying t
 once per process. Each rank runs in its own process group (its DataLoader workers included), writes
 its output to files that are replayed in the parent tagged by rank, and leaves through
 ``os._exit`` after a bounded :func:`unidist.finalize`, so no exit path can hang.
+
+Nothing outlives the caller: each rank watches a pipe whose only writer is the caller, and when
+the caller dies (even by SIGKILL) the ranks remove the run's temp folder and kill their process
+groups; the fork server, which stays up while any of its children holds its liveness pipe, then
+sees its caller gone and exits too.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +36,7 @@ from typing import Any
 
 from unidist import _env
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
-from unidist.launch._rank import die_with_parent
+from unidist.launch._rank import default_start_method, die_with_parent
 
 __all__ = ["DistributedTestError", "DistributedTestTimeout", "run_distributed"]
 
@@ -75,6 +81,38 @@ class DistributedTestTimeout(DistributedTestError, DistributedTimeoutError):
         self.unfinished = list(unfinished)
 
 
+class _Lifeline:
+    """The read end of a pipe only the caller writes to: EOF means the caller is gone.
+
+    Pickled into each rank with multiprocessing's fd passing (``DupFd``), which works for the
+    fork server and spawn start methods alike.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from multiprocessing.reduction import DupFd
+
+        return (_Lifeline._rebuild, (DupFd(self.fd),))
+
+    @staticmethod
+    def _rebuild(dup: Any) -> _Lifeline:
+        return _Lifeline(dup.detach())
+
+    def watch(self, workdir: str) -> None:
+        """In a rank: when the caller goes away, clean up and kill this rank's process group."""
+
+        def wait() -> None:
+            with contextlib.suppress(OSError):
+                while os.read(self.fd, 1):
+                    pass
+            shutil.rmtree(workdir, ignore_errors=True)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+        threading.Thread(target=wait, name="unidist-lifeline", daemon=True).start()
+
+
 @dataclass
 class _Job:
     fn: Callable[..., Any]
@@ -87,6 +125,7 @@ class _Job:
     backend: str | None
     adapter: str | None
     collective_timeout: float
+    lifeline: _Lifeline
 
 
 @dataclass
@@ -195,6 +234,7 @@ def _run_once(
     workdir = tempfile.mkdtemp(prefix="unidist-run-")
     port = _free_port()
     processes: list[multiprocessing.process.BaseProcess] = []
+    lifeline, caller_end = os.pipe()  # this process holds the only write end
     try:
         for rank in range(world_size):
             launcher = {
@@ -222,6 +262,7 @@ def _run_once(
                 backend,
                 adapter,
                 collective_timeout,
+                _Lifeline(lifeline),
             )
             process = context.Process(target=_worker, args=(job,), name=f"unidist-rank{rank}")
             process.start()
@@ -233,6 +274,8 @@ def _run_once(
     finally:
         _kill(processes)
         shutil.rmtree(workdir, ignore_errors=True)
+        os.close(lifeline)
+        os.close(caller_end)
 
 
 def _wait(
@@ -368,6 +411,7 @@ def _worker(job: _Job) -> None:
     """Entry point of each rank's process."""
     os.setpgrp()  # own process group: killing it takes DataLoader workers along
     die_with_parent()  # if the fork server (its parent) dies
+    job.lifeline.watch(job.workdir)  # if the caller dies
     out = open(Path(job.workdir, f"rank{job.rank}.out"), "w")  # noqa: SIM115 - fd for dup2
     err = open(Path(job.workdir, f"rank{job.rank}.err"), "w")  # noqa: SIM115
     os.dup2(out.fileno(), 1)
@@ -377,7 +421,7 @@ def _worker(job: _Job) -> None:
     _env.replace_all(job.env)
     # The fork server passed its start method on; the rank's own DataLoader workers should start
     # the way they would in a normal script (fork on Linux), not as fresh interpreters.
-    multiprocessing.set_start_method(_DEFAULT_START_METHOD, force=True)
+    multiprocessing.set_start_method(default_start_method(), force=True)
     import torch
 
     torch.set_num_threads(int(job.env.get("OMP_NUM_THREADS", "1")))
@@ -422,9 +466,6 @@ def _write_outcome(job: _Job, outcome: _Outcome) -> None:
 # -- the fork server ---------------------------------------------------------------------------
 
 _FRAMEWORKS = ("composer.utils.dist", "ignite.distributed")
-_DEFAULT_START_METHOD = multiprocessing.get_start_method(allow_none=True) or (
-    "fork" if sys.platform.startswith("linux") else "spawn"
-)
 _context_cache: Any = None
 
 

@@ -1,0 +1,311 @@
+"""``unidist launch``'s command line: unidist's options, torchrun's and Composer's spellings.
+
+Every option torchrun has (torch 2.7 to the newest) is either accepted with torchrun's meaning or
+refused with a message that names unidist's equivalent (:data:`REFUSED`); Composer's launcher
+spellings (``--world_size``, ``--base_rank``, ``--module_mode``, ``--command_mode``) work too.
+A mistake prints ``unidist launch``'s usage (not the top-level one) and, for a mistyped option,
+the closest real one (``--nprocs`` -> ``--nproc``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+__all__ = ["REFUSED", "CommandParser", "add_arguments", "suggest"]
+
+#: torchrun options unidist does not take, and what to use instead.
+REFUSED = {
+    "--logs-specs": "unidist writes every rank's output to its own files itself: choose where "
+    "with --log-dir DIR, or --stdout/--stderr templates such as 'logs/out_{rank}.log'",
+    "--duplicate-stdout-filters": "every rank's whole output is kept in its log file (the report "
+    "prints the paths): filter it there, e.g. grep PATTERN <log dir>/*/rank*.stdout.log",
+    "--duplicate-stderr-filters": "every rank's whole output is kept in its log file (the report "
+    "prints the paths): filter it there, e.g. grep PATTERN <log dir>/*/rank*.stderr.log",
+    "--print-completion": "unidist launch has no completion script; torchrun's options are "
+    "accepted under the same names, so torchrun's completion does not apply either",
+}
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An argument parser whose errors show this command's usage and suggest a correction.
+
+    argparse hands options that a sub-command does not know up to the top-level parser, which
+    prints ``usage: unidist [-h] [--version] COMMAND ...``; this parser refuses them itself.
+    """
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}{suggest(message, self._known())}\n")
+
+    def _known(self) -> list[str]:
+        return [option for option in self._option_string_actions if option.startswith("--")]
+
+
+def suggest(message: str, known: Sequence[str]) -> str:
+    """``" (did you mean --nproc?)"`` for the first unknown option named in ``message``."""
+    for word in message.replace(",", " ").split():
+        if word.startswith("-") and word.split("=", 1)[0] not in known:
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
+class _Refuse(argparse.Action):
+    """An option torchrun has and unidist does not: a clear error naming the equivalent."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} is torchrun's; unidist launch does not take it. HINT: "
+            f"{REFUSED[self.option_strings[0]]}."
+        )
+
+
+def _both(name: str) -> tuple[str, str]:
+    """torchrun accepts ``--a-b`` and ``--a_b`` for every option."""
+    return name, name.replace("-", "_").replace("__", "--", 1)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every ``unidist launch`` option to ``parser``."""
+    _sizing(parser)
+    _rendezvous(parser)
+    _agent(parser)
+    _logs(parser)
+    _program(parser)
+    for option in REFUSED:
+        parser.add_argument(*_both(option), action=_Refuse, dest=f"refused_{option[2:]}")
+    parser.add_argument("target", help="the training script (or module, with -m)")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+
+
+def _sizing(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("processes and nodes")
+    add = group.add_argument
+    add(
+        "-n",
+        "--nproc",
+        default=None,
+        help="processes on this node: a number; 'auto' (one per GPU, else 1); 'gpu'; 'cpu' (one "
+        "per CPU core). Default 1",
+    )
+    add(
+        *_both("--nproc-per-node"),
+        dest="nproc_per_node",
+        default=None,
+        help="torchrun's spelling, with torchrun's meaning: a number, 'auto' (one per GPU, else "
+        "one per CPU core), 'gpu', 'cpu', 'xpu'",
+    )
+    add(
+        "--nnodes",
+        default=None,
+        help="nodes in the job (one launcher each): N, or MIN:MAX for an elastic job (needs a "
+        "dynamic rendezvous such as --rdzv-backend c10d)",
+    )
+    add(
+        *_both("--node-rank"),
+        type=int,
+        default=None,
+        help="this node's index, for the static rendezvous (--nnodes N without --rdzv-backend)",
+    )
+    add(*_both("--world-size"), type=int, default=None, help="Composer's: nnodes * nproc")
+    add(
+        *_both("--base-rank"),
+        type=int,
+        default=None,
+        help="Composer's: global rank of this node's first process (node_rank * nproc)",
+    )
+
+
+def _rendezvous(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("rendezvous (as torchrun)")
+    add = group.add_argument
+    add(
+        *_both("--rdzv-backend"),
+        default=None,
+        help="c10d (nodes find each other at --rdzv-endpoint; node ranks are assigned), static "
+        "(--node-rank on each node), etcd or etcd-v2 (needs python-etcd), or a torchrun.handlers "
+        "plugin. Default: c10d on one node, static with --node-rank",
+    )
+    add(*_both("--rdzv-endpoint"), default=None, help="HOST:PORT of the rendezvous store")
+    add(
+        *_both("--rdzv-id"),
+        "--run-id",
+        "--run_id",
+        dest="rdzv_id",
+        default=None,
+        help="job id, the same on every node (default 'unidist'; a fresh one on a single node)",
+    )
+    add(
+        *_both("--rdzv-conf"),
+        default=None,
+        help="rendezvous settings KEY=VALUE,..., e.g. last_call_timeout=5,join_timeout=600",
+    )
+    add(
+        "--standalone",
+        action="store_true",
+        help="one node, rendezvous on a free local port (torchrun's --standalone)",
+    )
+    add(*_both("--master-addr"), default=None, help="host of node 0 (static rendezvous)")
+    add(
+        *_both("--master-port"),
+        type=int,
+        default=None,
+        help="port on node 0 (static rendezvous; default 29500 across nodes, free on one node)",
+    )
+    add(*_both("--local-addr"), default=None, help="this node's address, as others reach it")
+
+
+def _agent(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("restarts and stopping")
+    add = group.add_argument
+    add(
+        *_both("--max-restarts"),
+        type=int,
+        default=0,
+        help="restart the local group this many times after a failure (default 0)",
+    )
+    add(
+        *_both("--monitor-interval"),
+        type=float,
+        default=0.1,
+        help="seconds between torch's agent's checks of the ranks (default 0.1)",
+    )
+    add("--role", default="default", help="the ranks' role name (ROLE_NAME; default 'default')")
+    add(
+        *_both("--start-method"),
+        choices=["spawn", "fork", "forkserver"],
+        default=None,
+        help="accepted for torchrun's sake: as under torchrun, a script always starts as a new "
+        "process",
+    )
+    add(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds a collective may wait in the ranks (sets UNIDIST_TIMEOUT)",
+    )
+    add(
+        "--grace",
+        type=float,
+        default=None,
+        help="seconds a stopped rank gets between SIGTERM and SIGKILL (default 3)",
+    )
+    add(
+        *_both("--shutdown-timeout"),
+        type=float,
+        default=None,
+        help="torchrun's name for --grace",
+    )
+    add(
+        "--exit-timeout",
+        type=float,
+        default=600.0,
+        help="once a rank has finished, seconds the others get to finish before they are "
+        "reported as hung and killed (default 600; 0 waits for ever)",
+    )
+    add(*_both("--signals-to-handle"), default=None, help=argparse.SUPPRESS)
+    add(*_both("--event-log-handler"), default=None, help=argparse.SUPPRESS)
+    add(*_both("--numa-binding"), default=None, help=argparse.SUPPRESS)
+    add(*_both("--virtual-local-rank"), action="store_true", help=argparse.SUPPRESS)
+
+
+def _logs(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("logs and console")
+    add = group.add_argument
+    add(
+        *_both("--log-dir"),
+        default=None,
+        help="each run gets a new private folder in DIR (default: a per-user folder in the "
+        "temp dir)",
+    )
+    add("--stdout", default=None, help="per-rank stdout file template, e.g. out_{rank}.log")
+    add("--stderr", default=None, help="per-rank stderr file template, e.g. err_{rank}.log")
+    add(
+        "--console-ranks",
+        default=None,
+        help="global ranks whose output reaches this console, e.g. 0 or 0,2-3, 'all' (default) "
+        "or 'none'; the log files always get everything",
+    )
+    add(
+        *_both("--local-ranks-filter"),
+        default=None,
+        help="torchrun's: local ranks whose output reaches this console, e.g. 0,1",
+    )
+    add(
+        "-r",
+        "--redirects",
+        default=None,
+        help="torchrun's: streams that go to the files only (0 none, 1 stdout, 2 stderr, 3 both; "
+        "or per local rank, 0:3,1:2)",
+    )
+    add(
+        "-t",
+        "--tee",
+        default=None,
+        help="torchrun's: streams that go to the files and the console (same format)",
+    )
+    add(
+        *_both("--log-line-prefix-template"),
+        default=None,
+        help="console prefix with ${rank}, ${local_rank}, ${role_name}, ${hostname} "
+        "(default '[rank${rank}]: ')",
+    )
+    add(
+        "--no-console",
+        dest="console",
+        action="store_false",
+        help="no rank output on this console (files only)",
+    )
+
+
+def _program(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("what each rank runs")
+    add = group.add_argument
+    add(
+        "-m",
+        "--module",
+        "--module_mode",
+        dest="module",
+        action="store_true",
+        help="run the target as a module (python -m)",
+    )
+    add(
+        *_both("--no-python"),
+        "-c",
+        "--command_mode",
+        dest="no_python",
+        action="store_true",
+        help="run the target as a program, not with python",
+    )
+    add(
+        *_both("--run-path"),
+        action="store_true",
+        help="torchrun's: run the script with runpy.run_path (what unidist always does)",
+    )
+    add(
+        *_both("--dry-run"),
+        action="store_true",
+        help="print the resolved topology, log paths and equivalent commands; start nothing",
+    )

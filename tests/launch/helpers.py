@@ -1,0 +1,87 @@
+"""Shared by the launcher tests: run the command, find a run's folder, check for leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+JOB = str(SCRIPTS / "job.py")
+
+
+def launch(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``unidist launch ARGS`` in a new process; its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "unidist", "launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def start_launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``unidist launch ARGS`` started in the background."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "unidist", "launch", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def run_folders(log_dir: Path) -> list[Path]:
+    """The run folders ``unidist launch --log-dir log_dir`` created, oldest first."""
+    return sorted(p for p in log_dir.iterdir() if p.is_dir()) if log_dir.is_dir() else []
+
+
+def run_folder(log_dir: Path) -> Path:
+    """The one run folder in ``log_dir``."""
+    folders = run_folders(log_dir)
+    assert len(folders) == 1, folders
+    return folders[0]
+
+
+def pids_of(log_dir: Path) -> list[int]:
+    """Every rank process the launcher started (from the ranks' start records)."""
+    return [json.loads(p.read_text())["pid"] for p in log_dir.glob("*/.events/start-*.json")]
+
+
+def alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def assert_nothing_left(log_dir: Path, *extra: int) -> None:
+    pids = [*pids_of(log_dir), *extra]
+    assert pids
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if alive(pid)], "processes of the job survived"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(condition: object, timeout: float, what: str) -> None:
+    """Poll ``condition()`` until true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.1)

@@ -1,0 +1,80 @@
+"""torchrun's rendezvous forms under ``unidist launch``: c10d without node ranks, elastic growth."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.launch.helpers import (
+    JOB,
+    assert_nothing_left,
+    free_port,
+    run_folder,
+    start_launch,
+    wait_for,
+)
+
+pytestmark = pytest.mark.multiprocess
+
+
+def finish(nodes: list[subprocess.Popen[str]], timeout: float = 180) -> list[tuple[str, str]]:
+    try:
+        return [node.communicate(timeout=timeout) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def c10d(port: int, nnodes: str, log_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--nnodes",
+        nnodes,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "unidist-test",
+        "--log-dir",
+        str(log_dir),
+        *extra,
+    ]
+
+
+def test_two_launchers_meet_at_a_c10d_endpoint_without_node_ranks(tmp_path: Path) -> None:
+    port = free_port()
+    nodes = [
+        start_launch(*c10d(port, "2", tmp_path / f"node{i}"), "-n", "1", JOB, "ok") for i in (0, 1)
+    ]
+    outputs = finish(nodes)
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    said = "".join(out for out, _ in outputs)
+    # One job of two nodes: the rendezvous gave the launchers node ranks 0 and 1.
+    assert "rank 0 of 2 on node 0 NODE_RANK=0" in said
+    assert "rank 1 of 2 on node 1 NODE_RANK=1" in said
+    assert [out.count("total 3.0") for out, _ in outputs] == [1, 1]
+    for i in (0, 1):
+        assert_nothing_left(tmp_path / f"node{i}")
+
+
+def test_an_elastic_job_takes_in_a_node_that_joins_later(tmp_path: Path) -> None:
+    port = free_port()
+    # last_call_timeout: how long the rendezvous waits for more nodes once MIN have joined.
+    args = c10d(port, "1:2", tmp_path / "first", "--rdzv-conf", "last_call_timeout=1")
+    first = start_launch(*args, "-n", "1", JOB, "grow")
+    starts = tmp_path / "first"
+    wait_for(lambda: list(starts.glob("*/.events/start-s0-r0.json")), 120, "the first node's rank")
+    args = c10d(port, "1:2", tmp_path / "second", "--rdzv-conf", "last_call_timeout=1")
+    second = start_launch(*args, "-n", "1", JOB, "grow")
+    outputs = finish([first, second])
+    assert [first.returncode, second.returncode] == [0, 0], outputs
+    alone = run_folder(tmp_path / "first") / "attempt0" / "rank0.stdout.log"
+    assert "rank 0 of 1 on node 0" in alone.read_text()  # it started alone ...
+    together = "".join(out for out, _ in outputs)
+    assert "of 2 on node 0" in together  # ... and was restarted with the new membership
+    assert "of 2 on node 1" in together
+    assert together.count("total 3.0") == 2
+    assert_nothing_left(tmp_path / "first")
+    assert_nothing_left(tmp_path / "second")
