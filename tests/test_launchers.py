@@ -86,6 +86,19 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
         done = srun(adapter)
     else:
         done = subprocess.run(commands[kind], capture_output=True, text=True, env=env, timeout=240)
+        # Composer's launcher picks a free port and lets it go before rank 0 binds it: on a busy
+        # machine another process can take it in between (EADDRINUSE in rank 0). That race is
+        # Composer's, not the script's; retry it, and only it, twice.
+        for _ in range(2):
+            if (
+                kind != "composer"
+                or done.returncode == 0
+                or "EADDRINUSE" not in done.stdout + done.stderr
+            ):
+                break
+            done = subprocess.run(
+                commands[kind], capture_output=True, text=True, env=env, timeout=240
+            )
     # unidist launch prefixes each console line with "[rankN]: "
     lines = [
         line.split("TOPOLOGY ", 1)[1] for line in done.stdout.splitlines() if "TOPOLOGY " in line
