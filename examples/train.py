@@ -7,14 +7,18 @@
 
 It fits a two-layer network to a synthetic regression task. unidist picks the device and backend,
 shards the data (every sample once per epoch across ranks, a new order each epoch), wraps the
-model in DistributedDataParallel when there are several processes, and rank 0 prints the loss
-averaged over all ranks.
+model in DistributedDataParallel when there are several processes, and rank 0 logs the loss
+averaged over all ranks. ``--record DIR`` writes what each rank read and its losses to
+``DIR/rank<N>.json`` (the test suite checks them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,22 +28,32 @@ import unidist
 
 
 def synthetic_data(n: int = 4096, features: int = 16) -> TensorDataset:
-    """The same data on every rank: y = sin(x @ w) + noise."""
+    """The same data on every rank: (index, x, y) with y = sin(x @ w) + noise."""
     gen = torch.Generator().manual_seed(1234)
     x = torch.randn(n, features, generator=gen)
     w = torch.randn(features, 1, generator=gen) / features**0.5
-    return TensorDataset(x, torch.sin(x @ w) + 0.01 * torch.randn(n, 1, generator=gen))
+    y = torch.sin(x @ w) + 0.01 * torch.randn(n, 1, generator=gen)
+    return TensorDataset(torch.arange(n), x, y)
+
+
+def record(folder: str | None, indices: list[int], losses: list[float]) -> None:
+    """Write what this rank read in the first epoch and the loss of each epoch."""
+    if folder:
+        path = Path(folder, f"rank{unidist.get_rank()}.json")
+        path.write_text(json.dumps({"indices": indices, "losses": losses}))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--global-batch-size", type=int, default=128)
+    parser.add_argument("--record", help="write each rank's indices and losses here")
     args = parser.parse_args()
 
     unidist.initialize()  # gloo on CPU, nccl on GPUs; reads whatever launcher started us
-    topo = unidist.topology()
-    print(f"{topo} on {unidist.device()}", flush=True)
+    unidist.setup_logging()  # records tagged with the rank, from the main rank only
+    log = logging.getLogger("train")
+    log.info("%s on %s", unidist.topology(), unidist.device())
 
     loader = unidist.auto_dataloader(
         synthetic_data(), global_batch_size=args.global_batch_size, num_workers=0
@@ -48,25 +62,26 @@ def main() -> int:
     model = unidist.auto_model(nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-    first = last = 0.0
+    losses: list[float] = []
+    seen: list[int] = []
     for epoch in range(args.epochs):
         total, batches = 0.0, 0
-        for x, y in loader:  # each epoch a fresh shuffle, no set_epoch needed
+        for ids, x, y in unidist.progress(loader, desc=f"epoch {epoch}"):  # a fresh shuffle
+            if epoch == 0:
+                seen.extend(ids.tolist())
             x, y = x.to(unidist.device()), y.to(unidist.device())
             loss = nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             total, batches = total + loss.item(), batches + 1
-        mean_loss = unidist.all_reduce(total / batches, "mean")
-        first, last = (mean_loss if epoch == 0 else first), mean_loss
-        if unidist.is_main_process():
-            print(f"epoch {epoch}  {batches} batches/rank  loss {mean_loss:.4f}", flush=True)
+        losses.append(unidist.all_reduce(total / batches, "mean"))
+        log.info("epoch %d  %d batches/rank  loss %.4f", epoch, batches, losses[-1])
 
-    if unidist.is_main_process():
-        print(f"loss fell from {first:.4f} to {last:.4f} over {args.epochs} epochs", flush=True)
+    log.info("loss fell from %.4f to %.4f over %d epochs", losses[0], losses[-1], args.epochs)
+    record(args.record, seen, losses)
     unidist.finalize()
-    return 0 if last < first else 1
+    return 0 if losses[-1] < losses[0] else 1
 
 
 if __name__ == "__main__":

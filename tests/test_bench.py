@@ -51,6 +51,22 @@ def test_quick_mode_prints_its_table(name: str) -> None:
     assert BENCHMARKS[name][1] in done.stdout, done.stdout
 
 
+def test_run_all_discovers_every_benchmark_and_writes_the_report(tmp_path: Path) -> None:
+    report = tmp_path / "RESULTS.md"
+    env_python = f"UNIDIST_PYTHON={sys.executable}"
+    command = ["env", env_python, "bench/run_all", "--quick", "--only", "collectives"]
+    done = run([*command, "--output", str(report)], timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = report.read_text()
+    for line in ("- date: ", "- machine: ", "- versions: unidist ", "torch "):
+        assert line in text
+    assert "| [collectives](#collectives) |" in text
+    assert BENCHMARKS["collectives"][1] in text  # the table itself, verbatim
+    code = "import sys; sys.path.insert(0, 'bench'); import _run_all; print(_run_all.discover())"
+    listed = run([sys.executable, "-c", code], 60)
+    assert listed.stdout.strip() == str(sorted(BENCHMARKS)), listed.stderr
+
+
 def test_gpu_check_simulate_passes() -> None:
     # UNIDIST_PYTHON: this interpreter, so the check runs in the environment under test.
     done = run(["env", f"UNIDIST_PYTHON={sys.executable}", "scripts/gpu-check", "--simulate"], 900)

@@ -52,6 +52,24 @@ def test_config_json_describes_a_torchrun_rank() -> None:
     assert info["initialized"] is False
 
 
+def test_config_marks_backends_that_cannot_run_here() -> None:
+    import torch
+
+    from unidist import diagnostics
+
+    info = diagnostics.describe()
+    text = diagnostics.format_config(info)
+    [line] = [line for line in text.splitlines() if line.startswith("  backends")]
+    if "nccl" in info["backends"] and not torch.cuda.is_available():  # a CUDA build, no GPU
+        assert "nccl" in info["unusable_backends"]
+        assert "nccl (built, unusable here)" in line
+    else:  # a CPU build has no nccl; with a GPU it is usable
+        assert "nccl" not in info["unusable_backends"]
+        assert "nccl (" not in line
+    assert "gloo" in line
+    assert "gloo (" not in line
+
+
 def test_config_reports_a_malformed_environment_without_crashing() -> None:
     done = run_cli("config", env={"RANK": "abc", "WORLD_SIZE": "2"})
     assert done.returncode == 0

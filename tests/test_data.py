@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,11 +51,21 @@ def _flat(loader: Any) -> list[int]:
 @pytest.mark.parametrize(
     ("sizes", "fragment"),
     [
-        (dict(), "exactly one of batch_size"),
-        (dict(batch_size=2, global_batch_size=8), "exactly one of batch_size"),
+        (dict(), "exactly one of per_rank_batch_size and global_batch_size"),
+        (dict(per_rank_batch_size=2, global_batch_size=8), "exactly one of per_rank_batch_size"),
         (dict(global_batch_size=10), "use 8 or 12"),
         (dict(global_batch_size=3), "use 4"),
-        (dict(batch_size=0), "batch_size must be at least 1"),
+        (dict(per_rank_batch_size=0), "per_rank_batch_size must be at least 1"),
+        # Ignite's batch_size is the whole job's, DataLoader's one rank's: refused, both named.
+        (dict(batch_size=128), "32 per rank on these 4 ranks"),
+        (dict(batch_size=128), "pass global_batch_size=128 for Ignite's meaning"),
+        (dict(batch_size=128), "per_rank_batch_size=128 for DataLoader's"),
+        (dict(batch_size=128), "order='torch'"),
+        # A misspelt keyword is named, with what was probably meant.
+        (dict(batchsize=4), "got batchsize=4"),
+        (dict(batchsize=4), "batchsize= -> per_rank_batch_size= or global_batch_size="),
+        (dict(per_rank_batch_size=2, num_worker=2), "num_worker= -> num_workers="),
+        (dict(per_rank_batch_size=2, sead=1), "sead= -> seed="),
     ],
 )
 @pytest.mark.usefixtures("rank_one_of_four")
@@ -77,40 +88,48 @@ def test_global_batch_size_is_split_and_the_sampler_injected() -> None:
 
 @pytest.mark.usefixtures("rank_one_of_four")
 def test_a_user_sampler_is_wrapped_and_a_distributed_one_kept() -> None:
-    wrapped = auto_dataloader(range(8), batch_size=2, sampler=SequentialSampler(range(8)))
+    wrapped = auto_dataloader(range(8), per_rank_batch_size=2, sampler=SequentialSampler(range(8)))
     assert isinstance(wrapped.sampler, DistributedSamplerWrapper)
     assert _flat(wrapped) == [1, 5]
     mine = DistributedSampler(8, mode="eval")
-    assert auto_dataloader(range(8), batch_size=2, sampler=mine).sampler is mine
+    assert auto_dataloader(range(8), per_rank_batch_size=2, sampler=mine).sampler is mine
     other = DistributedSampler(8, rank=0, world_size=2)
     with pytest.raises(ConfigurationError, match="built for rank 0 of 2, but this is rank 1 of 4"):
-        auto_dataloader(range(8), batch_size=2, sampler=other)
+        auto_dataloader(range(8), per_rank_batch_size=2, sampler=other)
     with pytest.raises(ConfigurationError, match="shuffle cannot be combined"):
-        auto_dataloader(range(8), batch_size=2, sampler=mine, shuffle=False)
+        auto_dataloader(range(8), per_rank_batch_size=2, sampler=mine, shuffle=False)
     with pytest.raises(ConfigurationError, match="pass sampler="):
-        auto_dataloader(range(8), batch_size=2, batch_sampler=[[0, 1]])
+        auto_dataloader(range(8), per_rank_batch_size=2, batch_sampler=[[0, 1]])
 
 
 @pytest.mark.usefixtures("rank_one_of_four")
 def test_drop_last_reaches_the_sampler_and_eval_mode_is_exact() -> None:
-    train = auto_dataloader(range(10), batch_size=2, drop_last=True, shuffle=False)
+    train = auto_dataloader(range(10), per_rank_batch_size=2, drop_last=True, shuffle=False)
     assert _flat(train) == [1, 5]  # no padding: 10 // 4 = 2 each
-    evaluation = auto_dataloader(range(10), batch_size=2, mode="eval", shuffle=False)
+    evaluation = auto_dataloader(range(10), per_rank_batch_size=2, mode="eval", shuffle=False)
     assert _flat(evaluation) == [1, 5, 9]
 
 
 @pytest.mark.usefixtures("rank_one_of_four")
 def test_streams_must_be_sharded_in_a_job_of_several_ranks() -> None:
     with pytest.raises(ConfigurationError, match="every one of the 4 ranks would read all of it"):
-        auto_dataloader(Stream(8), batch_size=2)
+        auto_dataloader(Stream(8), per_rank_batch_size=2)
     with pytest.raises(ConfigurationError, match="no indices to sample or shuffle"):
-        auto_dataloader(Stream(8), batch_size=2, shuffle=True)
-    assert _flat(auto_dataloader(shard_iterable(Stream(8)), batch_size=2, num_workers=0)) == [1, 5]
-    assert len(_flat(auto_dataloader(Stream(8), batch_size=2, already_sharded=True))) == 8
+        auto_dataloader(Stream(8), per_rank_batch_size=2, shuffle=True)
+    assert _flat(
+        auto_dataloader(shard_iterable(Stream(8)), per_rank_batch_size=2, num_workers=0)
+    ) == [1, 5]
+    assert len(_flat(auto_dataloader(Stream(8), per_rank_batch_size=2, already_sharded=True))) == 8
 
 
 def test_one_process_takes_streams_as_they_are() -> None:
-    assert _flat(auto_dataloader(Stream(5), batch_size=2, num_workers=0)) == [0, 1, 2, 3, 4]
+    assert _flat(auto_dataloader(Stream(5), per_rank_batch_size=2, num_workers=0)) == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
 
 
 def test_per_rank_defaults_can_be_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -123,14 +142,39 @@ def test_per_rank_defaults_can_be_overridden(monkeypatch: pytest.MonkeyPatch) ->
     _state.reset()
     assert data.default_num_workers() == 3  # 16 CPUs over 4 local ranks, one for the trainer
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    loader = auto_dataloader(range(8), batch_size=2)
+    loader = auto_dataloader(range(8), per_rank_batch_size=2)
     assert (loader.num_workers, loader.pin_memory) == (3, True)
-    loader = auto_dataloader(range(8), batch_size=2, num_workers=0, pin_memory=False)
+    loader = auto_dataloader(range(8), per_rank_batch_size=2, num_workers=0, pin_memory=False)
     assert (loader.num_workers, loader.pin_memory) == (0, False)
     monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert data.default_num_workers() == 0
-    loader = auto_dataloader(range(8), batch_size=2, persistent_workers=True, pin_memory=False)
+    loader = auto_dataloader(
+        range(8), per_rank_batch_size=2, persistent_workers=True, pin_memory=False
+    )
     assert loader.num_workers == 1  # persistent workers need at least one
+
+
+def test_the_chosen_settings_are_logged_once_on_the_main_rank(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _state.reset()
+    with caplog.at_level(logging.INFO, logger="unidist.data"):
+        auto_dataloader(range(10), global_batch_size=4, pin_memory=False)
+    [record] = caplog.records
+    message = record.getMessage()
+    assert "range of 10 over 2 rank(s): 2 per rank (global batch 4)" in message
+    assert "order='fast'" in message
+    assert "shuffle=True" in message
+    assert f"num_workers={data.default_num_workers()} per rank" in message
+    assert "(defaults: num_workers)" in message
+    caplog.clear()
+    monkeypatch.setenv("RANK", "1")
+    _state.reset()
+    with caplog.at_level(logging.INFO, logger="unidist.data"):
+        auto_dataloader(range(10), global_batch_size=4)
+    assert caplog.records == []  # not on the other ranks
 
 
 # -- StatefulDataLoader ------------------------------------------------------------------------
@@ -191,6 +235,12 @@ def test_loader_without_a_unidist_sampler_cannot_be_saved() -> None:
     assert _flat(loader) == list(range(10))
     with pytest.raises(ConfigurationError, match="cannot record where an epoch stopped"):
         loader.state_dict()
+    # A loader over a stream, built by auto_dataloader, says why it has no state (not "build
+    # it with auto_dataloader", which is how it was built).
+    stream = auto_dataloader(Stream(4), per_rank_batch_size=2, num_workers=0)
+    with pytest.raises(ConfigurationError, match="reads a stream") as info:
+        stream.state_dict()
+    assert "auto_dataloader" not in str(info.value)
     with pytest.raises(ConfigurationError, match="not a StatefulDataLoader state"):
         _loader(0).load_state_dict({"epoch": 1})
 

@@ -29,7 +29,9 @@ def _train(checkpoint: str, resume: bool, workers: int) -> dict[str, Any]:
 
     gen = torch.Generator().manual_seed(0)
     dataset = TensorDataset(torch.arange(LENGTH), torch.randn(LENGTH, 3, generator=gen))
-    loader = unidist.auto_dataloader(dataset, batch_size=BATCH, num_workers=workers, seed=7)
+    loader = unidist.auto_dataloader(
+        dataset, per_rank_batch_size=BATCH, num_workers=workers, seed=7
+    )
     torch.manual_seed(0)
     model = nn.parallel.DistributedDataParallel(nn.Linear(3, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -111,7 +113,9 @@ def _evaluate(length: int) -> dict[str, Any]:
     import unidist
 
     sampler = unidist.DistributedSampler(length, mode="eval", seed=3)
-    loader = unidist.auto_dataloader(range(length), batch_size=3, sampler=sampler, num_workers=0)
+    loader = unidist.auto_dataloader(
+        range(length), per_rank_batch_size=3, sampler=sampler, num_workers=0
+    )
     batches = list(loader)
     outputs = torch.cat([batch.float().mul(10).unsqueeze(1) for batch in batches])
     names = [f"sample-{int(i)}" for batch in batches for i in batch]

@@ -157,7 +157,7 @@ def test_shrinks_logs_and_remembers(caplog: pytest.LogCaptureFixture) -> None:
         assert mb.retries == 2
         mb.step(batch(seed=3), mse(model))
     assert mb.retries == 2  # the size is remembered: no new failure
-    assert oom.raised == 2
+    assert oom.raised == 2  # a count of the errors raised
     assert oom.largest_ok == 4
     assert [(c.step, c.old, c.new) for c in mb.history] == [(0, 16, 8), (0, 8, 4)]
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -171,6 +171,8 @@ def test_first_successful_step_sets_the_size_and_smaller_batches_fit() -> None:
     assert mb.size is None
     mb.step(batch(16), mse(model))
     assert mb.size == 16
+    # Recorded under the step it happened in, step 0, as a shrink on the first step is.
+    assert [(c.step, c.old, c.new) for c in mb.history] == [(0, None, 16)]
     mb.step(batch(5), mse(model))  # a short last batch runs whole
     assert mb.size == 16
 
@@ -215,6 +217,8 @@ def test_custom_policy_and_growing_back(caplog: pytest.LogCaptureFixture) -> Non
         mb.step(batch(27, 9), mse(model))
         assert mb.size == 27  # doubling is capped at the batch size
     reasons = [c.reason for c in mb.history]
+    # Steps count from 0: the probe decided after the third step (step 2) is recorded there.
+    assert [c.step for c in mb.history] == [0, 2, 3, 7, 9]
     assert reasons[0].startswith("out of memory at 27")
     assert reasons[1] == "probing after 2 clean steps"
     assert reasons[2].startswith("the probe at 18 ran out of memory")

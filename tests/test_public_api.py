@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import traceback
+
+import pytest
 
 import unidist
+from unidist._migration import POINTERS
 
 EXPECTED = {
     # topology and ranks
@@ -121,9 +125,56 @@ def test_public_modules_declare_all() -> None:
         "data",
         "streams",
         "microbatch",
+        "logs",
         "testing.oom",
         "integrations.ignite",
         "integrations.composer",
     ):
         module = importlib.import_module(f"unidist.{name}")
         assert module.__all__ == sorted(module.__all__), name
+
+
+@pytest.mark.parametrize(
+    ("name", "pointer"),
+    [
+        ("Parallel", "unidist launch -n N script.py"),
+        ("Parallel", "unidist.spawn(fn, *args, nproc=N)"),
+        ("get_nproc_per_node", "unidist.get_local_world_size()"),
+        ("get_nnodes", "unidist.get_num_nodes()"),
+        ("hostname", "socket.gethostname()"),
+        ("model_name", "unidist.current_adapter().name"),
+        ("set_local_rank", "unidist.get_local_rank() reads it"),
+        ("get_global_rank", "unidist.get_rank()"),
+        ("broadcast_object_list", "unidist.broadcast_object(obj, src)"),
+    ],
+)
+def test_ignite_and_composer_names_point_at_unidists(name: str, pointer: str) -> None:
+    with pytest.raises(AttributeError) as info:
+        getattr(unidist, name)
+    assert pointer in str(info.value)
+    assert info.value.name == name
+    # Python's own guess ("Did you mean: 'parallel'?", the ParallelismConfig module) is not added.
+    shown = "".join(traceback.format_exception_only(info.value))
+    assert "Did you mean" not in shown, shown
+
+
+def test_calling_the_sync_module_like_ignites_sync_points_at_initialize() -> None:
+    with pytest.raises(
+        TypeError, match=r"unidist\.sync is a module, not ignite\.distributed\.sync"
+    ) as info:
+        unidist.sync()  # type: ignore[operator]
+    assert "call unidist.initialize() to adopt it" in str(info.value)
+    assert unidist.sync.barrier is unidist.barrier  # the module itself is unchanged
+
+
+def test_pointers_never_shadow_a_real_name_and_unknown_names_still_fail() -> None:
+    assert not set(POINTERS) & set(unidist.__all__)
+    with pytest.raises(AttributeError, match=r"no attribute .nonsense.$"):
+        unidist.nonsense  # noqa: B018
+
+
+def test_adapters_print_their_name() -> None:
+    assert repr(unidist.current_adapter()) == "<SerialAdapter 'serial'>"
+    from unidist.adapters import registry
+
+    assert repr(registry.get("torch")) == "<TorchAdapter 'torch'>"

@@ -278,7 +278,12 @@ def test_a_large_epoch_is_a_permutation_and_starts_at_once() -> None:
         (dict(data=5, rank=2, world_size=2), "below world_size"),
         (dict(data=5, world_size=0), "world_size must be at least 1"),
         (dict(data=5, shuffle=1), "shuffle must be True or False"),
-        (dict(data=5, order="torch", seed=2**64), "64-bit seed"),
+        (dict(data=5, order="torch", seed=2**64), "within 64 bits"),
+        # 2**63 - 1 + epoch 1 would overflow torch's generator a whole epoch later.
+        (dict(data=5, order="torch", seed=2**63), "[-2**63, 2**63)"),
+        # Indices are signed 64-bit: a longer dataset would wrap into negative indices.
+        (dict(data=2**64), "below 2**63"),
+        (dict(data=2**63), "below 2**63"),
     ],
 )
 def test_bad_arguments_say_what_is_wrong(kwargs: dict[str, Any], fragment: str) -> None:
@@ -346,10 +351,30 @@ def test_padding_counts_like_torch_for_tiny_datasets() -> None:
     assert _shards(1, 1, 0, mode="eval") == [[0]]
 
 
-def test_get_sampler_defaults_to_shuffled_unidist_sampler() -> None:
+def test_get_sampler_defaults_to_composers_unshuffled_order() -> None:
+    # Composer's dist.get_sampler, whose name it shares, defaults to shuffle=False.
     sampler = get_sampler(range(10), rank=0, world_size=2)
     assert isinstance(sampler, DistributedSampler)
-    assert sampler.shuffle
-    assert not get_sampler(10, shuffle=False).shuffle
+    assert not sampler.shuffle
+    assert list(sampler) == [0, 2, 4, 6, 8]
+    assert get_sampler(10, shuffle=True).shuffle
     with pytest.raises(ConfigurationError, match="needs a dataset"):
         get_sampler(None)
+
+
+def test_the_longest_dataset_and_the_extreme_seeds_still_work() -> None:
+    # The largest length accepted yields valid, non-negative indices.
+    longest = DistributedSampler(2**63 - 1, rank=0, world_size=2)
+    first = list(itertools.islice(iter(longest), 4))
+    assert all(0 <= i < 2**63 - 1 for i in first)
+    # The extreme torch seeds run for any epoch; epochs of 2**63 or more are refused.
+    for seed in (2**63 - 1, -(2**63)):
+        sampler = DistributedSampler(5, order="torch", seed=seed, rank=0, world_size=1)
+        sampler.set_epoch(2**63 - 1)
+        assert sorted(sampler) == [0, 1, 2, 3, 4]
+    with pytest.raises(ConfigurationError, match=r"epoch must be below 2\*\*63"):
+        sampler.set_epoch(2**63)
+    sampler.set_epoch(3)
+    state = {**sampler.state_dict(), "seed": 2**64 - 1}
+    with pytest.raises(ConfigurationError, match=r"state\['seed'\]=18446744073709551615"):
+        sampler.load_state_dict(state)

@@ -211,7 +211,13 @@ def _ours_torch_order(length: int, world: int, rank: int, **kw: Any) -> list[int
 def test_native_torch_sampler_matches_torch_order(length: int, world: int, drop_last: bool) -> None:
     for rank in range(world):
         native = get_sampler(
-            range(length), native="torch", rank=rank, world_size=world, seed=3, drop_last=drop_last
+            range(length),
+            native="torch",
+            shuffle=True,
+            rank=rank,
+            world_size=world,
+            seed=3,
+            drop_last=drop_last,
         )
         assert type(native) is torch.utils.data.DistributedSampler
         native.set_epoch(2)
@@ -245,7 +251,7 @@ def test_native_ignite_samplers() -> None:
     proxy = get_sampler(None, sampler=Reversed(9), native="ignite", rank=1, world_size=4)
     assert isinstance(proxy, DistributedProxySampler)
     assert list(proxy) == list(DistributedSamplerWrapper(Reversed(9), rank=1, world_size=4))
-    plain = get_sampler(range(9), native="ignite", rank=1, world_size=4)
+    plain = get_sampler(range(9), native="ignite", shuffle=True, rank=1, world_size=4)
     assert type(plain) is torch.utils.data.DistributedSampler
     assert list(plain) == _ours_torch_order(9, 4, 1)
     with pytest.raises(ConfigurationError, match="no drop_last"):

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from unidist._env import Topology
 from unidist._microbatch.memory import is_oom
+from unidist._migration import missing as _missing
+from unidist._migration import point_calls as _point_calls
 from unidist._version import __version__
 from unidist.collectives import (
     all_gather,
@@ -45,6 +47,7 @@ from unidist.lifecycle import (
     is_initialized,
     use,
 )
+from unidist.logs import progress, setup_logging
 from unidist.microbatch import MicroBatcher, SizePolicy
 from unidist.parallel import (
     DDPConfig,
@@ -67,6 +70,8 @@ from unidist.ranks import (
     topology,
 )
 from unidist.sync import barrier
+
+_point_calls(importlib.import_module("unidist.sync"))  # Ignite's idist.sync() is not a module
 
 #: Public names whose module is imported on first access: name -> module.
 _LAZY: dict[str, str] = {
@@ -156,7 +161,9 @@ __all__ = [
     "one_rank_first",
     "one_rank_only",
     "probe",
+    "progress",
     "rank_zero_only",
+    "setup_logging",
     "shard_iterable",
     "show_config",
     "spawn",
@@ -167,8 +174,8 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'unidist' has no attribute {name!r}")
+    if module is None:  # Ignite's and Composer's names get a pointer to unidist's
+        raise _missing(name)
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value

@@ -1,8 +1,10 @@
 """Data loaders for distributed runs: explicit batch sizes, resumable state, sharded streams.
 
 * :func:`auto_dataloader` builds a :class:`StatefulDataLoader` with the right sampler injected:
-  a per-rank ``batch_size`` or a ``global_batch_size`` (never a silent division), a user sampler
-  wrapped rather than replaced, per-rank defaults for ``num_workers`` and ``pin_memory``.
+  a ``per_rank_batch_size`` or a ``global_batch_size`` (never a silent division; a bare
+  ``batch_size``, which means the global batch to Ignite and the per-rank batch to DataLoader, is
+  refused), a user sampler wrapped rather than replaced, per-rank defaults for ``num_workers``
+  and ``pin_memory``, and the settings it chose logged once on the main rank.
 * :class:`StatefulDataLoader` counts the batches the loop actually received, so its
   ``state_dict()`` resumes exactly, whatever the workers prefetched.
 * Iterable datasets are split with :func:`unidist.shard_iterable` (:mod:`unidist.streams`).
@@ -11,6 +13,9 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, TypeVar, overload
@@ -29,6 +34,8 @@ __all__ = ["StatefulDataLoader", "auto_dataloader", "gather_in_order"]
 T = TypeVar("T")
 #: Most DataLoader workers a rank gets by default.
 _MAX_DEFAULT_WORKERS = 8
+#: The settings auto_dataloader chose, logged once per loader on the main rank.
+logger = logging.getLogger("unidist.data")
 
 
 # -- StatefulDataLoader ------------------------------------------------------------------------
@@ -63,11 +70,20 @@ class StatefulDataLoader(DataLoader[Any]):
 
     def _stateful(self) -> PassSampler:
         found = self._tracked()
+        if found is None and isinstance(self.dataset, IterableDataset):
+            raise ConfigurationError(
+                f"this DataLoader reads a stream ({type(self.dataset).__name__}, an "
+                "IterableDataset), whose position only the stream itself knows, so the loader "
+                "has no state to save. HINT: save the stream's own position (e.g. the number "
+                "of batches consumed, then skip that many on resume), or use a map-style "
+                "dataset, whose sampler the loader can checkpoint."
+            )
         if found is None:
             raise ConfigurationError(
                 f"this DataLoader draws from {type(self.sampler).__name__}, which cannot record "
-                "where an epoch stopped. HINT: build it with unidist.auto_dataloader, or pass "
-                "sampler=unidist.DistributedSampler(dataset) (or DistributedSamplerWrapper)."
+                "where an epoch stopped. HINT: build it with unidist.auto_dataloader over a "
+                "map-style dataset, or pass sampler=unidist.DistributedSampler(dataset) (or "
+                "DistributedSamplerWrapper)."
             )
         return found[0]
 
@@ -118,7 +134,7 @@ class _Counting(Iterator[Any]):
 def auto_dataloader(
     dataset: Any,
     *,
-    batch_size: int | None = None,
+    per_rank_batch_size: int | None = None,
     global_batch_size: int | None = None,
     sampler: Iterable[Any] | None = None,
     shuffle: bool | None = None,
@@ -132,26 +148,32 @@ def auto_dataloader(
 ) -> StatefulDataLoader:
     """A DataLoader for this rank, with a distributed sampler injected.
 
-    Exactly one batch size is given: ``batch_size`` per rank, or ``global_batch_size`` across
-    all ranks, which must divide by the world size (Ignite's ``auto_dataloader`` divides
-    ``batch_size`` silently and drops the remainder). The sampler is
-    :func:`unidist.get_sampler`'s: a user ``sampler`` is wrapped
+    Exactly one batch size is given: ``per_rank_batch_size``, or ``global_batch_size`` across
+    all ranks, which must divide by the world size (Ignite's ``auto_dataloader`` divides its
+    ``batch_size`` silently and drops the remainder). A bare ``batch_size`` is refused: it is
+    the global batch to Ignite's ``auto_dataloader`` and the per-rank batch to torch's
+    ``DataLoader``, and a port that guessed wrong would silently train with another batch.
+    The sampler is :func:`unidist.get_sampler`'s: a user ``sampler`` is wrapped
     (:class:`~unidist.DistributedSamplerWrapper`), a distributed one is kept (after checking
     its rank and world size). ``drop_last`` applies to the sampler (no padding duplicates) and
     to the last partial batch. Unlike DataLoader, ``shuffle`` defaults to True, in one process
-    as well as several.
+    as well as several; the default ``order="fast"`` is not torch's shuffle (pass
+    ``order="torch"`` to reproduce a torch, Composer or Ignite run exactly).
 
     Per-rank defaults, each overridable through ``loader_kw``: ``num_workers`` = this rank's
     share of the CPUs minus one for the training process (at most 8; CPUs divided by the
-    processes on this node); ``pin_memory`` = whether CUDA is available.
+    processes on this node; Ignite's ``num_workers`` is per node, unidist's per rank like
+    DataLoader's); ``pin_memory`` = whether CUDA is available. The settings chosen are logged
+    once, on the main rank, to the logger ``unidist.data`` at INFO
+    (:func:`unidist.setup_logging` shows them).
 
     Iterable datasets get no sampler; in a job of several ranks they must be sharded
     (:func:`shard_iterable`) or declared ``already_sharded=True`` if they split themselves.
 
     Args:
         dataset: a map-style dataset, or an iterable one (see above).
-        batch_size: samples per batch on each rank.
-        global_batch_size: samples per batch across all ranks.
+        per_rank_batch_size: samples per batch on each rank (DataLoader's ``batch_size``).
+        global_batch_size: samples per batch across all ranks (Ignite's ``batch_size``).
         sampler: a sampler to wrap (or a distributed sampler to keep).
         shuffle: shuffle each epoch (default True; not with ``sampler``).
         drop_last: drop the tail instead of padding, and the last partial batch.
@@ -160,59 +182,152 @@ def auto_dataloader(
         order: ``"fast"`` or ``"torch"`` (see :class:`~unidist.DistributedSampler`).
         native: use a framework's own sampler (see :func:`unidist.get_sampler`).
         already_sharded: the iterable dataset already yields different data on each rank.
-        **loader_kw: anything else ``DataLoader`` takes (not ``batch_sampler``).
+        **loader_kw: anything else ``DataLoader`` takes (not ``batch_size`` or
+            ``batch_sampler``).
 
     Raises:
-        ConfigurationError: both or neither batch size, an indivisible global batch size, a
-            ``batch_sampler``, a sampler for another world size, or an unsharded stream.
+        ConfigurationError: ``batch_size``, both or neither batch size, an indivisible global
+            batch size, a keyword DataLoader does not take, a ``batch_sampler``, a sampler for
+            another world size, or an unsharded stream.
     """
     world, rank = ranks.get_world_size(), ranks.get_rank()
-    per_rank = _per_rank_batch(batch_size, global_batch_size, world)
+    _check_loader_keywords(loader_kw, world)
+    per_rank = _per_rank_batch(per_rank_batch_size, global_batch_size, world)
+    defaults = _apply_defaults(loader_kw)
+    if isinstance(dataset, IterableDataset):
+        _check_stream(dataset, sampler, shuffle, world, check_flag(already_sharded, "sharded"))
+        loader = StatefulDataLoader(dataset, batch_size=per_rank, drop_last=drop_last, **loader_kw)
+    else:
+        chosen = _choose_sampler(
+            dataset,
+            sampler,
+            True if shuffle is None and sampler is None else shuffle,
+            drop_last,
+            seed,
+            mode,
+            order,
+            native,
+            rank,
+            world,
+        )
+        loader = StatefulDataLoader(
+            dataset, batch_size=per_rank, sampler=chosen, drop_last=drop_last, **loader_kw
+        )
+    if ranks.is_main_process():
+        logger.info("%s", _describe(loader, dataset, per_rank, world, defaults))
+    return loader
+
+
+#: Our own keywords, suggested for misspellings alongside DataLoader's.
+_OWN_KEYWORDS = (
+    "per_rank_batch_size",
+    "global_batch_size",
+    "sampler",
+    "shuffle",
+    "drop_last",
+    "seed",
+    "mode",
+    "order",
+    "native",
+    "already_sharded",
+)
+
+
+def _check_loader_keywords(loader_kw: dict[str, Any], world: int) -> None:
+    """Refuse ``batch_size``/``batch_sampler`` and keywords DataLoader does not take."""
+    if "batch_size" in loader_kw:
+        size = loader_kw["batch_size"]
+        ignite = f"{size // world} per rank on these {world} ranks" if isinstance(size, int) else ""
+        raise ConfigurationError(
+            f"auto_dataloader(batch_size={size!r}) is ambiguous, so it is refused: Ignite's "
+            f"idist.auto_dataloader reads batch_size as the batch of the whole job (divided by "
+            f"the world size{', ' + ignite if ignite else ''}, the remainder dropped), torch's "
+            "DataLoader and Composer as the batch of one rank. HINT: pass "
+            f"global_batch_size={size!r} for Ignite's meaning, or per_rank_batch_size={size!r} "
+            "for DataLoader's. Porting from Ignite? Its num_workers is per node (unidist's is "
+            "per rank, like DataLoader's), and order='torch' reproduces its shuffle exactly."
+        )
     if "batch_sampler" in loader_kw:
         raise ConfigurationError(
             "auto_dataloader builds the batches itself and cannot shard a batch_sampler. "
             "HINT: pass sampler=... (it gets wrapped), or build DataLoader(batch_sampler=...) "
             "yourself with a batch sampler that splits across ranks."
         )
-    _apply_defaults(loader_kw)
-    if isinstance(dataset, IterableDataset):
-        _check_stream(dataset, sampler, shuffle, world, check_flag(already_sharded, "sharded"))
-        return StatefulDataLoader(dataset, batch_size=per_rank, drop_last=drop_last, **loader_kw)
-    chosen = _choose_sampler(
-        dataset, sampler, shuffle, drop_last, seed, mode, order, native, rank, world
-    )
-    return StatefulDataLoader(
-        dataset, batch_size=per_rank, sampler=chosen, drop_last=drop_last, **loader_kw
-    )
-
-
-def _per_rank_batch(batch_size: int | None, global_batch_size: int | None, world: int) -> int:
-    if (batch_size is None) == (global_batch_size is None):
+    accepted = set(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
+    unknown = sorted(set(loader_kw) - accepted)
+    if unknown:
+        known = sorted(accepted | set(_OWN_KEYWORDS))
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, [*known, "batch_size"], n=1)
+            if close == ["batch_size"]:  # refused above: point at the two explicit ones
+                hints.append(f"{name}= -> per_rank_batch_size= or global_batch_size=")
+            elif close:
+                hints.append(f"{name}= -> {close[0]}=")
+        given = ", ".join(f"{name}={loader_kw[name]!r}" for name in unknown)
+        hint = f" Did you mean: {'; '.join(hints)}?" if hints else ""
         raise ConfigurationError(
-            "give exactly one of batch_size (per rank) and global_batch_size (across all "
-            f"{world} ranks), got batch_size={batch_size!r}, "
+            f"auto_dataloader got {given}, which neither it nor torch's DataLoader takes.{hint} "
+            "HINT: see help(unidist.auto_dataloader) for its keywords; the others go to "
+            "DataLoader."
+        )
+
+
+def _per_rank_batch(per_rank: int | None, global_batch_size: int | None, world: int) -> int:
+    if (per_rank is None) == (global_batch_size is None):
+        raise ConfigurationError(
+            "give exactly one of per_rank_batch_size and global_batch_size (across all "
+            f"{world} ranks), got per_rank_batch_size={per_rank!r}, "
             f"global_batch_size={global_batch_size!r}."
         )
-    if batch_size is not None:
-        return check_int(batch_size, "batch_size", minimum=1)
+    if per_rank is not None:
+        return check_int(per_rank, "per_rank_batch_size", minimum=1)
     total = check_int(global_batch_size, "global_batch_size", minimum=1)
     if total % world:
         lower, upper = total // world * world, -(-total // world) * world
         choices = f"{lower} or {upper}" if lower else f"{upper}"
         raise ConfigurationError(
             f"global_batch_size={total} does not divide by the world size {world}, so the ranks "
-            f"cannot share it evenly. HINT: use {choices}, or pass batch_size= per rank."
+            f"cannot share it evenly. HINT: use {choices}, or pass per_rank_batch_size=."
         )
     return total // world
 
 
-def _apply_defaults(loader_kw: dict[str, Any]) -> None:
+def _describe(
+    loader: StatefulDataLoader, dataset: Any, per_rank: int, world: int, defaults: list[str]
+) -> str:
+    """One line: what auto_dataloader chose, as Ignite logs its choices."""
+    size = f" of {len(dataset)}" if isinstance(dataset, Sized) else ""
+    sampler = loader.sampler
+    if isinstance(sampler, DistributedSampler):
+        how = (
+            f"DistributedSampler(mode={sampler.mode!r}, shuffle={sampler.shuffle}, "
+            f"order={sampler.order!r}, seed={sampler.seed}, drop_last={sampler.drop_last})"
+        )
+    else:
+        how = type(sampler).__name__
+    chosen = f" (defaults: {', '.join(defaults)})" if defaults else ""
+    return (
+        f"auto_dataloader: {type(dataset).__name__}{size} over {world} rank(s): "
+        f"{per_rank} per rank (global batch {per_rank * world}), sampler {how}, "
+        f"num_workers={loader.num_workers} per rank, pin_memory={loader.pin_memory}, "
+        f"drop_last={loader.drop_last}{chosen}"
+    )
+
+
+def _apply_defaults(loader_kw: dict[str, Any]) -> list[str]:
+    """Fill in the per-rank defaults; returns the names of those it chose."""
+    chosen = []
     if "num_workers" not in loader_kw:
         workers = default_num_workers()
         if loader_kw.get("persistent_workers") or loader_kw.get("prefetch_factor") is not None:
             workers = max(1, workers)  # both options need workers; asking for them means so
         loader_kw["num_workers"] = workers
-    loader_kw.setdefault("pin_memory", torch.cuda.is_available())
+        chosen.append("num_workers")
+    if "pin_memory" not in loader_kw:
+        loader_kw["pin_memory"] = torch.cuda.is_available()
+        chosen.append("pin_memory")
+    return chosen
 
 
 def default_num_workers() -> int:

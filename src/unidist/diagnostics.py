@@ -35,7 +35,9 @@ _DRIVER_FILE = Path("/proc/driver/nvidia/version")
 def describe() -> dict[str, Any]:
     """Launcher, topology, chosen adapter and why, installed adapters, backends, as a dict.
 
-    Starts no process group and imports no framework.
+    ``backends`` are those built into torch; ``unusable_backends`` maps the ones whose devices
+    are missing here (``nccl`` without a GPU) to the reason. Starts no process group and imports
+    no framework.
     """
     settings = _env.read_settings()
     info: dict[str, Any] = {"unidist": _version(), "python": sys.version.split()[0]}
@@ -72,6 +74,9 @@ def describe() -> dict[str, Any]:
     }
     info["torch"] = _torch_version()
     info["backends"] = list(devices.available_backends())
+    # nccl is built into every CUDA build of torch; without a GPU it cannot run, and a config
+    # that listed it as usable would send users after the wrong problem.
+    info["unusable_backends"] = _unusable_backends(info["backends"])
     info["initialized"] = lifecycle.is_initialized()
     return info
 
@@ -119,7 +124,7 @@ def format_config(info: dict[str, Any]) -> str:
             else (f"not installed: {spec['install']}")
         )
         lines.append(f"    {name:<11} {state} [{spec['origin']}]")
-    lines.append(f"  backends      {', '.join(info['backends']) or 'none'}")
+    lines.append(f"  backends      {_format_backends(info)}")
     lines.append(f"  initialized   {info['initialized']}")
     return "\n".join(lines) + "\n"
 
@@ -149,7 +154,6 @@ def probe() -> dict[str, Any]:
         "available": bool(torch.backends.mps.is_available()),
     }
     info["devices"] = _kinds()
-    info["unusable_backends"] = _unusable_backends(info["backends"])
     info["pick"] = _pick(info)
     return info
 
@@ -261,6 +265,12 @@ def _why(info: dict[str, Any]) -> str:
     return "no usable CUDA device and no MPS"
 
 
+def _format_backends(info: dict[str, Any]) -> str:
+    unusable = info["unusable_backends"]
+    shown = [f"{b} (built, unusable here)" if b in unusable else b for b in info["backends"]]
+    return ", ".join(shown) or "none"
+
+
 def _unusable_backends(names: list[str]) -> dict[str, str]:
     """Built-in backends whose devices are missing here (``nccl`` without a GPU), and why."""
     unusable = {}
@@ -301,9 +311,7 @@ def format_probe(info: dict[str, Any]) -> str:
         missing = "see cuda above" if kind == "cuda" else state["missing"]
         text = "available" if state["available"] else f"no: {missing}"
         lines.append(f"    {kind:<11} {text} [backend {state['backend']}]")
-    unusable = info["unusable_backends"]
-    shown = [f"{b} (built, unusable here)" if b in unusable else b for b in info["backends"]]
-    lines.append(f"  backends      {', '.join(shown) or 'none'}")
+    lines.append(f"  backends      {_format_backends(info)}")
     lines.append("  adapters")
     for name, spec in info["adapters"].items():
         installed = spec["version"] or "installed"

@@ -46,7 +46,9 @@ ORDERS = ("fast", "torch")
 CHUNK = 1 << 14
 #: Elements drawn from a wrapped sampler per switch to its private random state.
 BLOCK = 1 << 14
-_TORCH_SEEDS = (-(1 << 63), (1 << 64) - 1)
+#: Seeds order="torch" accepts: torch's generator takes seed + epoch in [-2**63, 2**64), and
+#: epochs stay below 2**63, so a seed below 2**63 can never overflow, however long the run.
+_TORCH_SEEDS = (-(1 << 63), (1 << 63) - 1)
 
 
 def _length_of(data: object, what: str) -> tuple[int, Any]:
@@ -91,7 +93,9 @@ class DistributedSampler(PassSampler):
             instead of padding with samples from the epoch's start (torch's default).
         mode: ``"train"``: every rank reads the same count (torch's behaviour). ``"eval"``:
             every sample exactly once across ranks, no padding (counts differ by at most one);
-            pair it with :func:`unidist.gather_in_order`.
+            pair it with :func:`unidist.gather_in_order`. Inside Composer's ``Trainer.eval()``,
+            which stops every rank when one runs out of batches, the shards are padded the way
+            torch pads them and Composer strips the padding, so each sample still counts once.
         order: ``"fast"``: a Feistel permutation computed per index; memory does not grow with
             the dataset and the first index comes at once (up to 65,536 samples, an exact
             stored shuffle instead, since Feistel networks on tiny domains are biased).
@@ -121,6 +125,7 @@ class DistributedSampler(PassSampler):
         length, dataset = _length_of(data, "DistributedSampler")
         if order not in ORDERS:
             raise ConfigurationError(f"order={order!r} is not one of {ORDERS}.")
+        self.order = order  # before the seed is checked: the torch order narrows its range
         super().__init__(
             length,
             dataset=dataset,
@@ -131,10 +136,17 @@ class DistributedSampler(PassSampler):
             world_size=world_size,
         )
         self.shuffle = check_flag(shuffle, "shuffle")
-        self.order = order
-        if order == "torch" and not _TORCH_SEEDS[0] <= seed <= _TORCH_SEEDS[1]:
-            raise ConfigurationError(f"order='torch' needs a 64-bit seed, got {seed}.")
         self._table: tuple[tuple[int, int], npt.NDArray[np.int64]] | None = None
+
+    def _check_seed(self, seed: object, name: str) -> int:
+        value = check_int(seed, name)
+        if self.order == "torch" and not _TORCH_SEEDS[0] <= value <= _TORCH_SEEDS[1]:
+            raise ConfigurationError(
+                f"order='torch' seeds torch's generator with {name} + epoch, which must stay "
+                f"within 64 bits for every epoch; got {name}={value}. HINT: use a seed in "
+                "[-2**63, 2**63), or order='fast', which takes any int."
+            )
+        return value
 
     def _identity(self) -> dict[str, Any]:
         # Unshuffled, both orders are the identity, so their states are interchangeable.
@@ -341,12 +353,15 @@ def get_sampler(
 ) -> torch.utils.data.DistributedSampler[Any]:
     """A distributed sampler for ``dataset`` (Composer's ``dist.get_sampler``, with more).
 
-    ``shuffle`` defaults to True, like torch's sampler; **Composer's** ``get_sampler`` defaults
-    to ``shuffle=False``, so pass ``shuffle=False`` to reproduce a Composer run that relied on it.
+    ``shuffle`` defaults to False, like Composer's ``get_sampler`` of the same name (torch's
+    ``DistributedSampler`` and :func:`unidist.auto_dataloader` default to True). With
+    ``shuffle=True`` the default ``order="fast"`` is not torch's shuffle; ``order="torch"``
+    gives exactly the indices of Composer's sampler.
 
     Args:
         dataset: a map-style dataset or its length (ignored when ``sampler`` is given).
-        shuffle: shuffle each epoch (default True). Not allowed with ``sampler``.
+        shuffle: shuffle each epoch (default False, as in Composer). Not allowed with
+            ``sampler``.
         drop_last: train mode: drop the tail instead of padding.
         seed: seed of the shuffle (or of the wrapped sampler's private generators).
         mode: ``"train"`` or ``"eval"`` (see :class:`DistributedSampler`).
@@ -377,7 +392,8 @@ def get_sampler(
                 f"native samplers pad every rank to the same count; mode={mode!r} is unidist's. "
                 "HINT: use native=False for exact-once evaluation."
             )
-        request = SamplerRequest(dataset, sampler, shuffle is not False, drop_last, seed, me, world)
+        shuffled = check_flag(False if shuffle is None else shuffle, "shuffle")
+        request = SamplerRequest(dataset, sampler, shuffled, drop_last, seed, me, world)
         return native_sampler(native, request)
     if sampler is not None:
         return DistributedSamplerWrapper(
@@ -387,7 +403,7 @@ def get_sampler(
         raise ConfigurationError("get_sampler needs a dataset (or sampler=...), got None.")
     return DistributedSampler(
         dataset,
-        shuffle=shuffle is not False,
+        shuffle=False if shuffle is None else shuffle,
         seed=seed,
         drop_last=drop_last,
         mode=mode,

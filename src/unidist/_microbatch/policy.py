@@ -19,7 +19,15 @@ __all__ = ["SizeChange", "SizePolicy", "SizeTracker"]
 
 @dataclass(frozen=True)
 class SizeChange:
-    """One change of the microbatch size."""
+    """One change of the microbatch size.
+
+    Attributes:
+        step: the step (batch) during which the change was decided, counted from 0: a shrink
+            on the first batch and the first batch's size found to fit both say ``step=0``.
+        old: the size before (None: not yet known, the first batch ran whole).
+        new: the size after.
+        reason: why, in words.
+    """
 
     step: int
     old: int | None
@@ -143,13 +151,14 @@ class SizeTracker:
 
     def succeeded(self, tally: Tally) -> None:
         """Record a step that every rank finished; maybe start probing a larger size."""
+        step = self.steps  # the step that finished: what its changes are recorded under
         self.steps += 1
         troubled, self._troubled = self._troubled, False
         if tally.used_size is None:  # no rank had a sample
             return
         self._ceiling = max(self._ceiling, tally.ceiling)
         if self.size is None:
-            self._change(tally.used_size, "the batch size of the first step fits", logging.INFO)
+            self._change(tally.used_size, "the batch size of the first step fits", logging.INFO, step)
         assert self.size is not None
         if self._probe_from is not None:
             self.logger.info("microbatch size %d: the probe succeeded", self.size)
@@ -162,7 +171,7 @@ class SizeTracker:
             grown = self._checked(self.policy.grow(self.size), self.size, "grow", smaller=False)
             new = min(grown, self._ceiling)
             self._probe_from = self.size
-            self._change(new, f"probing after {self._clean} clean steps", logging.INFO)
+            self._change(new, f"probing after {self._clean} clean steps", logging.INFO, step)
             self._clean = 0
 
     def _checked(self, value: object, size: int, method: str, *, smaller: bool) -> int:
@@ -179,8 +188,9 @@ class SizeTracker:
         assert isinstance(value, int)
         return value
 
-    def _change(self, new: int, reason: str, level: int) -> None:
-        self.history.append(SizeChange(self.steps, self.size, new, reason))
+    def _change(self, new: int, reason: str, level: int, step: int | None = None) -> None:
+        step = self.steps if step is None else step
+        self.history.append(SizeChange(step, self.size, new, reason))
         self.logger.log(level, "microbatch size %s -> %d: %s", self.size, new, reason)
         self.size = new
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -25,19 +26,37 @@ from unidist import ranks
 from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
 
-__all__ = ["MODES", "STATE_FORMAT", "PassSampler", "check_flag", "check_int"]
+__all__ = [
+    "LIMIT",
+    "MODES",
+    "STATE_FORMAT",
+    "PassSampler",
+    "check_flag",
+    "check_int",
+    "composer_eval_running",
+]
 
 MODES = ("train", "eval")
 STATE_FORMAT = "unidist.sampler/1"
+#: Lengths and epochs stay below this: indices and epochs are signed 64-bit integers in torch and
+#: numpy, and a larger length would wrap around into negative indices.
+LIMIT = 1 << 63
 
 
-def check_int(value: object, name: str, *, minimum: int | None = None) -> int:
-    """``value`` as an int (numpy integers too; bools refused), at least ``minimum``."""
+def check_int(
+    value: object, name: str, *, minimum: int | None = None, below: int | None = None
+) -> int:
+    """``value`` as an int (numpy integers too; bools refused), in ``[minimum, below)``."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ConfigurationError(f"{name} must be an int, got {value!r}.")
     value = operator.index(value)  # type: ignore[arg-type]
     if minimum is not None and value < minimum:
         raise ConfigurationError(f"{name} must be at least {minimum}, got {value}.")
+    if below is not None and value >= below:
+        limit = "2**63" if below == LIMIT else str(below)
+        raise ConfigurationError(
+            f"{name} must be below {limit} (a signed 64-bit integer), got {value}."
+        )
     return value
 
 
@@ -45,6 +64,23 @@ def check_flag(value: object, name: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name} must be True or False, got {value!r}.")
     return value
+
+
+def composer_eval_running() -> bool:
+    """Whether this thread is inside Composer's ``Trainer`` evaluation loop.
+
+    Cheap when Composer's trainer was never imported; otherwise a walk up this thread's stack
+    (the sampler is asked once per pass and once per ``len()``).
+    """
+    trainer = "composer.trainer.trainer"
+    if trainer not in sys.modules:
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_eval_loop" and frame.f_globals.get("__name__") == trainer:
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
 
 
 class _Pass:
@@ -98,6 +134,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         world_size: int | None,
     ) -> None:
         # torch's __init__ is not called: it needs a process group and computes a padded length.
+        check_int(length, "the dataset's length", minimum=0, below=LIMIT)
         if mode not in MODES:
             raise ConfigurationError(f"mode={mode!r} is not one of {MODES}.")
         if mode == "eval" and drop_last:
@@ -115,7 +152,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         self.dataset = dataset
         self.num_replicas = world
         self.rank = rank
-        self.seed = check_int(seed, "seed")
+        self.seed = self._check_seed(seed, "seed")
         self.drop_last = check_flag(drop_last, "drop_last")
         self.mode = mode
         self._length = length
@@ -134,6 +171,10 @@ class PassSampler(_TorchDistributedSampler[int]):
     def _identity(self) -> dict[str, Any]:
         """Settings that define the global order; a state from other settings is refused."""
         raise NotImplementedError
+
+    def _check_seed(self, seed: object, name: str) -> int:
+        """The seed as an int; a subclass narrows the range its order can use."""
+        return check_int(seed, name)
 
     # -- torch-compatible surface ----------------------------------------------------------------
 
@@ -159,7 +200,13 @@ class PassSampler(_TorchDistributedSampler[int]):
     @property
     def policy(self) -> str:
         if self.mode == "eval":
-            return "exact"
+            # Composer's Trainer.eval() stops every rank as soon as one runs out of batches, so
+            # shards of unequal length would lose the longer shards' last samples there. It
+            # strips the padding of torch's sampler itself (the last sample of the last batch on
+            # the last ranks), so inside its eval loop the shards are padded the way torch pads
+            # them: every sample is still evaluated exactly once.
+            uneven = self._length % self.num_replicas != 0
+            return "pad" if uneven and composer_eval_running() else "exact"
         return "drop" if self.drop_last else "pad"
 
     def __len__(self) -> int:
@@ -172,7 +219,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         previous pass's. After :meth:`load_state_dict`, ``set_epoch`` of the restored epoch keeps
         the restored position, so a loop that calls ``set_epoch(epoch)`` first thing resumes.
         """
-        epoch = check_int(epoch, "epoch", minimum=0)
+        epoch = check_int(epoch, "epoch", minimum=0, below=LIMIT)
         if self._pending and epoch == self._epoch:
             return
         self._epoch, self._start, self._used, self._pending = epoch, 0, False, False
@@ -294,13 +341,13 @@ class PassSampler(_TorchDistributedSampler[int]):
                 "samples left in its epoch cannot be worked out. HINT: build the sampler over "
                 "the same dataset with the same order settings as the run that saved it."
             )
-        epoch = check_int(state.get("epoch"), "state['epoch']", minimum=0)
+        epoch = check_int(state.get("epoch"), "state['epoch']", minimum=0, below=LIMIT)
         consumed = check_int(state.get("consumed"), "state['consumed']", minimum=0)
         if consumed > self._length:
             raise ConfigurationError(
                 f"state['consumed']={consumed} exceeds the dataset length {self._length}."
             )
-        self.seed = check_int(state.get("seed"), "state['seed']")
+        self.seed = self._check_seed(state.get("seed"), "state['seed']")
         self._epoch, self._start = epoch, consumed
         self._used, self._pending, self._pass = False, True, None
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from unidist._env import EnvReading, Topology
 
-__all__ = ["REDUCE_OPS", "Adapter", "PrimitiveOp"]
+__all__ = ["REDUCE_OPS", "Adapter", "NamedAdapter", "PrimitiveOp"]
 
 #: Reduction ops adapters must implement. ``mean`` is built above them from ``sum``.
 PrimitiveOp = Literal["sum", "min", "max", "product", "band", "bor"]
@@ -84,3 +84,16 @@ class Adapter(Protocol):
     def new_group(self, ranks: Sequence[int]) -> Any:
         """Create a group of the given global ranks (called on every rank) and return its handle."""
         ...
+
+
+class NamedAdapter:
+    """A readable ``repr`` for an adapter: ``<IgniteAdapter 'ignite'>``, not a memory address.
+
+    Optional (the contract does not ask for it): the built-in adapters inherit it, so that
+    :func:`unidist.current_adapter` prints as something a person can read.
+    """
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from unidist import _env
 from unidist.adapters._torchdist import gather, rank_zero_store_closes_first
+from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ _DEVICE_FOR_BACKEND = {"gloo": "cpu", "nccl": "gpu", "hccl": "hpu", "xla": "tpu"
 _WRITTEN_BY_COMPOSER = ("NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")
 
 
-class ComposerAdapter:
+class ComposerAdapter(NamedAdapter):
     """Delegates to ``composer.utils.dist``."""
 
     name = "composer"

@@ -27,6 +27,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from unidist.adapters._torchdist import rank_zero_store_closes_first
+from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ __all__ = ["IgniteAdapter"]
 _OPS = {"sum": "SUM", "min": "MIN", "max": "MAX", "product": "PRODUCT", "band": "AND", "bor": "OR"}
 
 
-class IgniteAdapter:
+class IgniteAdapter(NamedAdapter):
     """Delegates to ``ignite.distributed``."""
 
     name = "ignite"

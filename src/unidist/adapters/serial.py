@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["SerialAdapter"]
 
 
-class SerialAdapter:
+class SerialAdapter(NamedAdapter):
     """One process, no process group; every collective returns its input."""
 
     name = "serial"

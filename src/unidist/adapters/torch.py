@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from unidist.adapters._torchdist import gather
+from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def init_method_for(env: EnvReading) -> str:
     return f"tcp://{host}:{env.master_port}"
 
 
-class TorchAdapter:
+class TorchAdapter(NamedAdapter):
     """Delegates to ``torch.distributed`` directly.
 
     The rendezvous store is created once per process and address and kept across

@@ -37,8 +37,8 @@ class OOMBudget:
             ``RuntimeError`` to imitate allocators that only say it in the message.
 
     Attributes:
-        raised: errors raised so far.
-        calls: calls checked so far.
+        raised: how many errors it has raised so far (a count, not the errors).
+        calls: how many calls it has checked so far.
         largest_ok: the largest input that passed (0 if none).
     """
 

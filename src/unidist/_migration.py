@@ -1,0 +1,103 @@
+"""Pointers for names of Ignite's ``idist`` and Composer's ``dist`` that unidist spells otherwise.
+
+A user porting ``idist.get_nnodes()`` to ``unidist.get_nnodes()`` gets an ``AttributeError``
+that names the unidist equivalent, instead of Python's guess from ``dir(unidist)`` (which
+suggests the ``unidist.parallel`` module for ``unidist.Parallel``). The migration guides
+(docs/migration/) list every public function of both modules; this table covers the names
+that are missing here.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, NoReturn
+
+__all__ = ["POINTERS", "missing", "point_calls"]
+
+_IGNITE, _COMPOSER = "ignite.distributed", "composer.utils.dist"
+_LOCAL_FIRST = "`with unidist.one_rank_first(local=True):` around the download (or the work)"
+
+#: name -> (the framework module that has it, what to use in unidist).
+POINTERS: dict[str, tuple[str, str]] = {
+    "Parallel": (
+        _IGNITE,
+        "unidist does not wrap your code in a context manager: start the processes with "
+        "`unidist launch -n N script.py` (it takes torchrun's options too), or from Python "
+        "with `unidist.spawn(fn, *args, nproc=N)`, which returns every rank's result. Inside, "
+        "call unidist.initialize() (or nothing: the first collective adopts the group).",
+    ),
+    "get_nproc_per_node": (_IGNITE, "unidist.get_local_world_size()"),
+    "get_nnodes": (_IGNITE, "unidist.get_num_nodes()"),
+    "hostname": (_IGNITE, "socket.gethostname() (unidist has no wrapper for it)"),
+    "model_name": (
+        _IGNITE,
+        "unidist.current_adapter().name ('torch', 'ignite', 'composer' or 'serial'; Ignite's "
+        "'native-dist' is the torch adapter) and unidist.backend() ('gloo', 'nccl', ...)",
+    ),
+    "set_local_rank": (
+        _IGNITE,
+        "nothing: the local rank comes from the launcher's environment (LOCAL_RANK, SLURM, "
+        "MPI, ...) and unidist.get_local_rank() reads it; start the processes with a launcher "
+        "(unidist launch, torchrun, composer -n)",
+    ),
+    "sync": (
+        _IGNITE,
+        "nothing: unidist adopts a process group started elsewhere on its first collective; "
+        "call unidist.initialize() to adopt it explicitly",
+    ),
+    "all_gather_tensors_with_shapes": (
+        _IGNITE,
+        "unidist.all_gather_uneven(tensor) (no shapes needed: dim 0 may differ per rank)",
+    ),
+    "DistributedProxySampler": (_IGNITE, "unidist.DistributedSamplerWrapper(sampler)"),
+    "has_native_dist_support": (_IGNITE, "unidist.available_backends() (empty without it)"),
+    "has_xla_support": (_IGNITE, "'xla' in unidist.available_backends()"),
+    "has_hvd_support": (_IGNITE, "nothing: unidist has no Horovod adapter"),
+    "registered_computation_models": (_IGNITE, "unidist.available_adapters()"),
+    "get_global_rank": (_COMPOSER, "unidist.get_rank()"),
+    "initialize_dist": (_COMPOSER, "unidist.initialize(backend, timeout=seconds)"),
+    "is_available": (_COMPOSER, "unidist.available_backends() (empty without torch.distributed)"),
+    "broadcast_object_list": (
+        _COMPOSER,
+        "obj = unidist.broadcast_object(obj, src) (it returns the object instead of filling a "
+        "list in place)",
+    ),
+    "all_gather_object_list_hpu": (_COMPOSER, "unidist.all_gather_object(obj)"),
+    "local_rank_zero_download_and_wait": (_COMPOSER, _LOCAL_FIRST),
+    "run_local_rank_zero_first": (_COMPOSER, "unidist.one_rank_first(local=True)"),
+    "busy_wait_for_local_rank_zero": (_COMPOSER, _LOCAL_FIRST),
+    "write_signal_file": (_COMPOSER, _LOCAL_FIRST + " (no signal files needed)"),
+    "get_node_signal_file_name": (_COMPOSER, _LOCAL_FIRST + " (no signal files needed)"),
+}
+
+
+def missing(name: str) -> AttributeError:
+    """The ``AttributeError`` for ``unidist.<name>``, with a pointer if another library has it."""
+    found = POINTERS.get(name)
+    if found is None:
+        return AttributeError(f"module 'unidist' has no attribute {name!r}")
+    origin, pointer = found
+    # name= and obj=None keep Python from appending its own "Did you mean" guess, which would
+    # contradict the pointer (it proposes the unidist.parallel module for Parallel).
+    return AttributeError(
+        f"module 'unidist' has no attribute {name!r} ({origin}.{name}). HINT: use {pointer}.",
+        name=name,
+        obj=None,
+    )
+
+
+class _PointingModule(types.ModuleType):
+    """A module that, when called like the framework function it shares a name with, says so."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        name = self.__name__.rpartition(".")[2]
+        origin, pointer = POINTERS[name]
+        raise TypeError(
+            f"{self.__name__} is a module, not {origin}.{name}(), so it cannot be called. "
+            f"HINT: use {pointer}."
+        )
+
+
+def point_calls(module: types.ModuleType) -> None:
+    """Make calling ``module`` (``unidist.sync()``, Ignite's spelling) raise with a pointer."""
+    module.__class__ = _PointingModule

@@ -1,0 +1,169 @@
+"""The docs site covers what it promises: the whole public API, every error, every function of
+the frameworks users migrate from, and every command. (``scripts/test`` also builds the site with
+``mkdocs build --strict``, so a broken reference or link fails there.)"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import unidist
+from unidist import errors
+from unidist._migration import POINTERS
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+
+
+def _read(page: str) -> str:
+    return (DOCS / page).read_text()
+
+
+def _resolve(path: str) -> object:
+    """The object of a mkdocstrings identifier such as ``unidist.data.auto_dataloader``."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise AssertionError(f"{path} does not resolve")
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    page = _read("reference/api.md")
+    documented = [_resolve(path) for path in re.findall(r"^::: ([\w.]+)$", page, re.M)]
+    missing = [
+        name
+        for name in unidist.__all__
+        if name != "__version__" and not any(getattr(unidist, name) is obj for obj in documented)
+    ]
+    assert not missing, f"add '::: <module>.<name>' to docs/reference/api.md for {missing}"
+    assert "`unidist.__version__`" in page
+
+
+def _error_classes() -> list[type[BaseException]]:
+    from unidist.testing import ConformanceError
+
+    found = [
+        obj
+        for obj in vars(errors).values()
+        if inspect.isclass(obj) and issubclass(obj, errors.UnidistError)
+    ]
+    return [*found, ConformanceError]
+
+
+def test_every_error_class_is_in_troubleshooting_with_cause_and_fix() -> None:
+    page = _read("troubleshooting.md")
+    sections = dict(re.findall(r"^### `(\w+)`\n(.*?)(?=^#{2,3} )", page, re.M | re.S))
+    for cls in _error_classes():
+        assert cls.__name__ in sections, f"troubleshooting.md has no '### `{cls.__name__}`'"
+        body = sections[cls.__name__]
+        assert "**Cause:**" in body, cls.__name__
+        assert "**Fix:**" in body, cls.__name__
+
+
+def _migration_rows(page: str, prefix: str) -> dict[str, str]:
+    """``{function: unidist equivalent}`` from the table rows ``| `prefix.name` | ... |``."""
+    rows = re.findall(rf"^\| `{prefix}\.(\w+)` \| (.*?) \|", _read(page), re.M)
+    return dict(rows)
+
+
+def _check_migration(page: str, prefix: str, module: str, names: set[str]) -> None:
+    rows = _migration_rows(page, prefix)
+    missing = sorted(names - set(rows))
+    assert not missing, f"docs/{page} has no row for {prefix}.{missing}"
+    assert all(rows[name].strip() for name in names), "every row names a unidist equivalent"
+    # A ported call by the same name never fails with Python's guess: the name is unidist's
+    # too, or it has a pointer (tested in test_public_api), or it is the sync module.
+    for name in names:
+        if name in unidist.__all__ or name == "sync":
+            continue
+        assert POINTERS.get(name, (None,))[0] == module, f"unidist.{name} needs a pointer"
+
+
+@pytest.mark.ignite
+def test_every_ignite_distributed_function_is_in_the_ignite_migration_page() -> None:
+    import ignite.distributed as idist
+
+    names = {
+        name for name in dir(idist) if not name.startswith("_") and callable(getattr(idist, name))
+    }
+    assert {"Parallel", "auto_dataloader", "get_nnodes", "sync"} <= names
+    _check_migration("migration/ignite.md", "idist", "ignite.distributed", names)
+
+
+@pytest.mark.composer
+def test_every_composer_dist_function_is_in_the_composer_migration_page() -> None:
+    from composer.utils import dist
+
+    names = set(dist.__all__) | {
+        name
+        for name, value in vars(dist).items()
+        if not name.startswith("_")
+        and inspect.isfunction(value)
+        and value.__module__ == dist.__name__
+    }
+    assert {"get_global_rank", "get_sampler", "run_local_rank_zero_first"} <= names
+    _check_migration("migration/composer.md", "dist", "composer.utils.dist", names)
+
+
+#: Ignite's flags and lists: pointed at, but not functions, so not rows of the tables.
+NOT_FUNCTIONS = {
+    "has_native_dist_support",
+    "has_xla_support",
+    "has_hvd_support",
+    "registered_computation_models",
+}
+
+
+def test_the_pointers_name_the_migration_pages_rows() -> None:
+    ignite = _migration_rows("migration/ignite.md", "idist")
+    composer = _migration_rows("migration/composer.md", "dist")
+    for name, (module, _) in POINTERS.items():
+        rows = ignite if module == "ignite.distributed" else composer
+        if name in NOT_FUNCTIONS:
+            continue
+        assert name in rows, f"{module}.{name} has a pointer but no row in its migration page"
+
+
+def test_the_cli_reference_covers_every_command() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from mkdocs_hooks import MARKER, cli_reference
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    text = cli_reference()
+    for command in (
+        "unidist",
+        "unidist config",
+        "unidist probe",
+        "unidist launch",
+        "unidist smoke",
+    ):
+        assert f"## `{command}`" in text
+    assert "--dry-run" in text
+    assert MARKER in _read("reference/cli.md")
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = set(re.findall(r":\s+([\w/.-]+\.md)$", config, re.M))
+    pages = {str(path.relative_to(DOCS)) for path in DOCS.rglob("*.md")}
+    assert nav == pages
+
+
+def test_the_readme_links_to_the_docs_and_keeps_its_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "mkdocs serve" in readme
+    assert "docs/index.md" in readme
+    commands = re.findall(r"^\./scripts/\w+", readme, re.M)
+    assert commands == ["./scripts/demo", "./scripts/test"]
