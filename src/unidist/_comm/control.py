@@ -7,18 +7,23 @@ through a ``torch.distributed.TCPStore`` that unidist owns, hosted by rank 0. A 
 wait leaves nothing behind, and the arrivals recorded so far name the ranks that never came.
 
 **The protocol** is linear in the world size W: every call costs each rank O(1) store
-operations and the store O(W) work in all, so it stays cheap at thousands of ranks. Each call on
-a group has a generation g (the ranks count their calls), and three keys:
+operations and the store O(W) work in all, so it stays cheap at thousands of ranks. The ranks of
+a group count their calls (generation g) and use two slots, g % 2, of two keys each, and one key
+per generation for the outcome:
 
-1. Every rank appends a sealed record (its rank and its JSON value) to the *arrivals* key
-   (``append`` sends without waiting for an answer), then adds 1 to the *count* key (one round
-   trip). The rank whose ``add`` returns W is the last to arrive.
-2. The last arrival reads the arrivals once (a barrier skips even that), combines the values
-   and writes the *outcome* key; every other rank waits for the outcome (one wait, one read).
+1. Every rank appends a sealed record (its rank, g and its JSON value) to the slot's *arrivals*
+   (``append`` sends without waiting for an answer), then adds 1 to the slot's *count* (one
+   round trip). The rank whose ``add`` returns W is the last to arrive.
+2. The last arrival reads the arrivals once (a barrier skips even that), combines the values,
+   and in one message empties the other slot for generation g + 1 and writes the *outcome* of
+   g. Every other rank waits for the outcome (one wait; and one read, unless it is a barrier).
    Everyone gets the same outcome, so everyone takes the same decision.
-3. The first rank to arrive at generation g deletes generation g - 2's keys while it waits:
-   every rank has finished g - 1, so none can still read them. The store holds at most three
-   generations per group, however long the job runs.
+3. No rank enters generation g + 1 before the outcome of g exists, so the slot it uses has been
+   emptied. The first rank to arrive at g, which waits anyway, deletes the outcome of g - 2:
+   every rank has read it, or it could not have arrived at g - 1. A rank that timed out first
+   waits, in its next call, for the generation it left (so a barrier retried after a timeout
+   keeps waiting for the same ranks). The store holds six keys per group, however long the job
+   runs.
 
 Only the error path costs more: a rank that times out reads the arrivals to name the ranks
 that are missing.
@@ -44,6 +49,7 @@ from unidist._comm.wire import (
     MAX_OUTCOME_BYTES,
     SECRET_BYTES,
     Json,
+    Records,
     Sealer,
     decode_json,
     encode_json,
@@ -59,15 +65,35 @@ Combine = Callable[[dict[int, Json]], Json]
 _START = struct.Struct(f">BH{SECRET_BYTES}sB")
 #: Seconds the error path spends reading the arrivals to name the missing ranks.
 _DIAGNOSIS_SECONDS = 5.0
+#: ``compare_set`` with this expected value reads a key in one round trip without waiting (no
+#: stored value starts with 0xff: records start with a rank number below 2**24).
+_NEVER = b"\xffunidist-never"
+_SUCCESS = b'{"ok":null}'
+
+
+@dataclass
+class _Sequence:
+    """One kind of call on one group, as this rank has counted it."""
+
+    members: tuple[int, ...]
+    #: Logical name of the group and kind (outcome keys are named from it).
+    base: str
+    counts: tuple[str, str]
+    arrivals: tuple[str, str]
+    generation: int = 0
+    #: The generation this rank timed out of and has not seen the outcome of.
+    unsettled: int | None = None
 
 
 @dataclass(frozen=True)
-class _Keys:
+class _Call:
+    """The keys of one generation."""
+
+    generation: int
+    members: tuple[int, ...]
     arrivals: str
     count: str
     outcome: str
-    #: The keys of generation g - 2, deleted by the first arrival of generation g.
-    stale: tuple[str, ...]
 
 
 class ControlPlane:
@@ -77,8 +103,7 @@ class ControlPlane:
         self._store = store
         self._rank = rank
         self._seal = Sealer(secret)
-        self._generations: dict[tuple[str, tuple[int, ...]], int] = {}
-        self._group_ids: dict[tuple[int, ...], str] = {}
+        self._sequences: dict[tuple[str, tuple[int, ...]], _Sequence] = {}
 
     @classmethod
     def start(
@@ -122,7 +147,8 @@ class ControlPlane:
         """Every member contributes ``value``; every member gets ``combine`` of all of them.
 
         ``combine`` runs once, on the last rank to arrive, and its result (JSON, at most
-        :data:`~unidist._comm.wire.MAX_OUTCOME_BYTES`) reaches every member. Every member calls
+        :data:`~unidist._comm.wire.MAX_OUTCOME_BYTES`) reaches every member. It must not modify
+        its argument (ranks that sent equal values share one decoded value). Every member calls
         it, in the same order; it waits at most ``seconds``.
         """
         return self._run("agree", tuple(members), value, combine, seconds, what)
@@ -161,97 +187,108 @@ class ControlPlane:
         what: str,
     ) -> Json:
         deadline = time.monotonic() + seconds
-        keys = self._keys(kind, members)
+        sequence = self._sequence(kind, members)
         payload = encode_json(value, what) if combine is not None else b""
-        store = self._store
+        if sequence.unsettled is not None:  # finish the generation this rank timed out of
+            self._await(self._call(sequence, sequence.unsettled), False, deadline, seconds, what)
+            sequence.unsettled = None
+        sequence.generation += 1
+        call = self._call(sequence, sequence.generation)
+        record = self._seal.record(call.arrivals, self._rank, call.generation, payload)
         try:
-            store.append(keys.arrivals, self._seal.record(keys.arrivals, self._rank, payload))
-            arrived = int(store.add(keys.count, 1))
-            if arrived == 1:
-                for key in keys.stale:
-                    store.delete_key(key)
+            # The client keeps the timeout of its last wait, which may have been short.
+            self._store.set_timeout(timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
+            self._store.append(call.arrivals, record)
+            arrived = int(self._store.add(call.count, 1))
+            if arrived == 1 and call.generation > 2:  # it waits anyway: let it tidy up
+                self._store.delete_key(self._call(sequence, call.generation - 2).outcome)
         except RuntimeError as exc:
             raise _store_gone(what, exc) from exc
         if arrived == len(members):
-            return self._conclude(keys, members, combine, deadline, what)
+            return self._conclude(sequence, call, combine, what)
         if arrived > len(members):
-            self._conclude_with(keys, {"error": _tampered(what, f"{arrived} arrivals")})
-        return self._await(keys, members, combine is not None, deadline, seconds, what)
+            self._publish(sequence, call, _failure(_tampered(what, f"{arrived} arrivals")))
+        try:
+            return self._await(call, combine is not None, deadline, seconds, what)
+        except DistributedTimeoutError:
+            sequence.unsettled = call.generation
+            raise
 
     def _conclude(
-        self,
-        keys: _Keys,
-        members: tuple[int, ...],
-        combine: Combine | None,
-        deadline: float,
-        what: str,
+        self, sequence: _Sequence, call: _Call, combine: Combine | None, what: str
     ) -> Json:
         """On the last rank to arrive: combine the values and publish the outcome."""
         if combine is None:
-            return self._conclude_with(keys, {"ok": None})
-        try:
-            self._store.set_timeout(timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
-            data = bytes(self._store.get(keys.arrivals))
-        except RuntimeError as exc:
-            raise _store_gone(what, exc) from exc
-        records = self._seal.read_records(keys.arrivals, data, members)
-        missing = sorted(set(members) - set(records.payloads))
+            return self._publish(sequence, call, _SUCCESS)
+        records = self._read_arrivals(call, what)
+        missing = sorted(set(call.members) - set(records.payloads))
         if records.problems or missing:
             problems = [*records.problems, *([f"no record from rank(s) {missing}"] * bool(missing))]
-            return self._conclude_with(keys, {"error": _tampered(what, "; ".join(problems))})
-        values = {rank: decode_json(records.payloads[rank]) for rank in members}
+            return self._publish(sequence, call, _failure(_tampered(what, "; ".join(problems))))
+        # Ranks mostly send the same bytes (every vote "ok"): decode each distinct value once.
+        decoded: dict[bytes, Json] = {}
+        values: dict[int, Json] = {}
+        for rank in call.members:
+            payload = records.payloads[rank]
+            if payload not in decoded:
+                decoded[payload] = decode_json(payload)
+            values[rank] = decoded[payload]
         try:
-            envelope: dict[str, Json] = {"ok": combine(values)}
-            encode_json(envelope, what, MAX_OUTCOME_BYTES)
+            data = encode_json({"ok": combine(values)}, what, MAX_OUTCOME_BYTES)
         except Exception as exc:  # every rank must hear about it, not only this one
-            envelope = {"error": f"{what}: rank {self._rank} could not combine the values: {exc}"}
-        return self._conclude_with(keys, envelope)
+            data = _failure(f"{what}: rank {self._rank} could not combine the values: {exc}")
+        return self._publish(sequence, call, data)
 
-    def _conclude_with(self, keys: _Keys, envelope: dict[str, Json]) -> Json:
-        data = encode_json(envelope, "the outcome", MAX_OUTCOME_BYTES)
+    def _publish(self, sequence: _Sequence, call: _Call, data: bytes) -> Json:
+        """Empty the other slot for the next generation, and publish the outcome (``data``).
+
+        One message (``multi_set`` does not wait for an answer), applied in order: no rank can
+        enter the next generation before its slot is empty.
+        """
+        following = (call.generation + 1) % 2
+        keys = [sequence.arrivals[following], sequence.counts[following], call.outcome]
         try:
-            self._store.set(keys.outcome, self._seal.seal(keys.outcome, data))
+            self._store.multi_set(keys, [b"", b"0", self._seal.seal(call.outcome, data)])
         except RuntimeError as exc:
             raise _store_gone("publishing an outcome", exc) from exc
         return _unwrap(decode_json(data))  # what the other ranks read, to the same types
 
-    def _await(
-        self,
-        keys: _Keys,
-        members: tuple[int, ...],
-        read: bool,
-        deadline: float,
-        seconds: float,
-        what: str,
-    ) -> Json:
-        """On every other rank: wait for the outcome (at most until ``deadline``) and read it."""
-        left = timedelta(seconds=max(deadline - time.monotonic(), 0.0))
+    def _await(self, call: _Call, read: bool, deadline: float, seconds: float, what: str) -> Json:
+        """Wait for the outcome of ``call`` (at most until ``deadline``), and read it."""
+        # Never zero: torch reads a zero timeout as "wait forever".
+        left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
         try:
             if not read:  # a barrier: the outcome's existence is the whole message
-                self._store.wait([keys.outcome], left)
+                self._store.wait([call.outcome], left)
                 return None
             self._store.set_timeout(left)
-            data = bytes(self._store.get(keys.outcome))
+            data = bytes(self._store.get(call.outcome))
         except RuntimeError as exc:
             if "timeout" not in str(exc).lower():
                 raise _store_gone(what, exc) from exc
-            raise self._timed_out(keys, members, seconds, what) from exc
-        payload = self._seal.open(keys.outcome, data)
+            raise self._timed_out(call, seconds, what) from exc
+        payload = self._seal.open(call.outcome, data)
         if payload is None:
             raise RemoteError(_tampered(what, "an outcome without this job's seal"))
         return _unwrap(decode_json(payload))
 
-    def _timed_out(
-        self, keys: _Keys, members: tuple[int, ...], seconds: float, what: str
-    ) -> DistributedTimeoutError:
+    def _read_arrivals(self, call: _Call, what: str) -> Records:
+        """The records of ``call`` (one round trip, no waiting: this rank's record is there)."""
+        try:
+            data = bytes(self._store.compare_set(call.arrivals, _NEVER, _NEVER))
+        except RuntimeError as exc:
+            raise _store_gone(what, exc) from exc
+        if data == _NEVER:
+            data = b""
+        return self._seal.read_records(call.arrivals, data, call.generation, call.members)
+
+    def _timed_out(self, call: _Call, seconds: float, what: str) -> DistributedTimeoutError:
         """The error for a wait that ran out: it names the ranks that never arrived."""
         try:
-            self._store.set_timeout(timedelta(seconds=_DIAGNOSIS_SECONDS))
-            data = bytes(self._store.get(keys.arrivals))
-            came = set(self._seal.read_records(keys.arrivals, data, members).payloads)
-        except RuntimeError:
+            came = set(self._read_arrivals(call, what).payloads)
+        except RemoteError:
             came = set()
-        missing = [rank for rank in members if rank not in came]
+        missing = [rank for rank in call.members if rank not in came]
         if not missing:
             return DistributedTimeoutError(
                 f"{what}: every rank arrived, but the outcome did not come within {seconds:g} "
@@ -263,23 +300,29 @@ class ControlPlane:
             "stuck, slow or dead; look at their logs, or raise the timeout if only slow."
         )
 
-    def _keys(self, kind: str, members: tuple[int, ...]) -> _Keys:
-        """The keys of this group's next ``kind`` call (and of the generation before last)."""
-        group = self._group_ids.get(members)
-        if group is None:
-            digest = hashlib.blake2b(struct.pack(f">{len(members)}I", *members), digest_size=8)
-            group = self._group_ids[members] = digest.hexdigest()
-        generation = self._generations.get((kind, members), 0) + 1
-        self._generations[(kind, members)] = generation
-
-        def names(g: int) -> tuple[str, str, str]:
-            base = f"{kind}/{group}/{g}/"
+    def _sequence(self, kind: str, members: tuple[int, ...]) -> _Sequence:
+        sequence = self._sequences.get((kind, members))
+        if sequence is None:
+            packed = struct.pack(f">{len(members)}I", *members)
+            base = f"{kind}/{hashlib.blake2b(packed, digest_size=8).hexdigest()}"
             name = self._seal.name
-            return name(base + "arrivals"), name(base + "count"), name(base + "outcome")
+            sequence = self._sequences[(kind, members)] = _Sequence(
+                members,
+                base,
+                counts=(name(f"{base}/count/0"), name(f"{base}/count/1")),
+                arrivals=(name(f"{base}/arrivals/0"), name(f"{base}/arrivals/1")),
+            )
+        return sequence
 
-        arrivals, count, outcome = names(generation)
-        stale = names(generation - 2) if generation > 2 else ()
-        return _Keys(arrivals, count, outcome, stale)
+    def _call(self, sequence: _Sequence, generation: int) -> _Call:
+        slot = generation % 2
+        return _Call(
+            generation,
+            sequence.members,
+            sequence.arrivals[slot],
+            sequence.counts[slot],
+            self._seal.name(f"{sequence.base}/outcome/{generation}"),
+        )
 
     # -- flags -------------------------------------------------------------------------------
 
@@ -303,6 +346,11 @@ def _published(values: dict[int, Json]) -> Json:
         for rank, value in values.items()
         if isinstance(value, list) and len(value) == 1
     }
+
+
+def _failure(message: str) -> bytes:
+    """The outcome that makes every rank raise :class:`RemoteError` with ``message``."""
+    return encode_json({"error": message[:100_000]}, "an error", MAX_OUTCOME_BYTES)
 
 
 def _unwrap(envelope: Json) -> Json:

@@ -50,7 +50,8 @@ MAX_RECORD_BYTES = 64 * 1024
 MAX_OUTCOME_BYTES = 1024 * 1024
 _MAC_BYTES = 16
 _NAME_BYTES = 12
-_HEADER = struct.Struct(">II")  # rank, payload length
+_HEADER = struct.Struct(">IQI")  # rank, generation, payload length
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)  # C-accelerated, reused
 _PREFIX = "unidist/"
 
 
@@ -66,7 +67,7 @@ def encode_json(value: object, what: str, limit: int = MAX_RECORD_BYTES) -> byte
         ConfigurationError: the value is not plain JSON data, or too large.
     """
     try:
-        data = json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+        data = _ENCODER.encode(value).encode()
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"{what}: the value {value!r:.200} cannot travel through the control store: {exc}. "
@@ -135,22 +136,22 @@ class Sealer:
 
     # -- many records appended to one key (arrivals) -----------------------------------------
 
-    def record(self, key: str, rank: int, payload: bytes) -> bytes:
-        """One rank's record, to be appended to ``key``."""
-        header = _HEADER.pack(rank, len(payload))
+    def record(self, key: str, rank: int, generation: int, payload: bytes) -> bytes:
+        """One rank's record of one generation, to be appended to ``key``."""
+        header = _HEADER.pack(rank, generation, len(payload))
         return header + payload + self._mac(key, header, payload)
 
-    def read_records(self, key: str, data: bytes, ranks: Iterable[int]) -> Records:
-        """Split what was appended to ``key`` into records, keeping only sealed ones.
+    def read_records(self, key: str, data: bytes, generation: int, ranks: Iterable[int]) -> Records:
+        """Split what was appended to ``key`` into the records of ``generation``.
 
         Reading stops at the first record whose length or seal is wrong: bytes after it cannot
-        be framed reliably.
+        be framed reliably. A sealed record of another generation (replayed) is a problem too.
         """
         allowed = set(ranks)
         found = Records()
         offset = 0
         while offset < len(data):
-            problem = self._one_record(key, data, offset, allowed, found)
+            problem = self._one_record(key, data, offset, (generation, allowed), found)
             if isinstance(problem, str):
                 found.problems.append(problem)
                 break
@@ -158,22 +159,27 @@ class Sealer:
         return found
 
     def _one_record(
-        self, key: str, data: bytes, offset: int, allowed: set[int], found: Records
+        self,
+        key: str,
+        data: bytes,
+        offset: int,
+        expected: tuple[int, set[int]],
+        found: Records,
     ) -> int | str:
         """Read the record at ``offset`` into ``found``; the next offset, or what is wrong."""
         end = offset + _HEADER.size
         if end > len(data):
             return f"{len(data) - offset} stray bytes at the end"
         header = data[offset:end]
-        rank, length = (int(field) for field in _HEADER.unpack(header))
+        rank, generation, length = (int(field) for field in _HEADER.unpack(header))
         if length > MAX_RECORD_BYTES or end + length + _MAC_BYTES > len(data):
             return f"a record claims {length} bytes, which are not there"
         payload = data[end : end + length]
         mac = data[end + length : end + length + _MAC_BYTES]
         if not hmac.compare_digest(mac, self._mac(key, header, payload)):
             return "a record without this job's seal (written by another process?)"
-        if rank not in allowed:
-            return f"a sealed record from rank {rank}, which is not in the group"
+        if generation != expected[0] or rank not in expected[1]:
+            return f"a sealed record of rank {rank} and call {generation}, not of this call"
         if rank in found.payloads:
             return f"rank {rank} arrived twice"
         found.payloads[rank] = payload

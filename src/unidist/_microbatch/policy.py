@@ -158,7 +158,9 @@ class SizeTracker:
             return
         self._ceiling = max(self._ceiling, tally.ceiling)
         if self.size is None:
-            self._change(tally.used_size, "the batch size of the first step fits", logging.INFO, step)
+            self._change(
+                tally.used_size, "the batch size of the first step fits", logging.INFO, step
+            )
         assert self.size is not None
         if self._probe_from is not None:
             self.logger.info("microbatch size %d: the probe succeeded", self.size)

@@ -80,18 +80,28 @@ def combine(values: Mapping[int, object]) -> dict[str, Any]:
     Raises:
         ValueError: some value is not a vote (then every rank hears of it).
     """
-    votes = {rank: Vote.from_json(value) for rank, value in sorted(values.items())}
+    # Ranks that voted the same share one decoded value: check and keep each one once.
+    distinct: dict[int, Vote] = {}
+    votes: dict[int, Vote] = {}
+    for rank, value in sorted(values.items()):
+        vote = distinct.get(id(value))
+        if vote is None:
+            vote = distinct[id(value)] = Vote.from_json(value)
+        votes[rank] = vote
+    kinds = set(distinct.values())
     ooms = [rank for rank, vote in votes.items() if vote.status == "oom"]
     errors = [rank for rank, vote in votes.items() if vote.status == "error"]
-    used = [vote.size for vote in votes.values() if vote.total > 0]
-    missing = set.intersection(*(set(vote.missing) for vote in votes.values()))
+    used = [vote.size for vote in kinds if vote.total > 0]
     detailed = errors[:DETAILED_FAILURES] + ooms[:DETAILED_FAILURES]
+    counts = dict.fromkeys(_STATUSES, 0)
+    for vote in votes.values():
+        counts[vote.status] += 1
     return {
-        "counts": {status: sum(v.status == status for v in votes.values()) for status in _STATUSES},
-        "size": max(vote.size for vote in votes.values()),
+        "counts": counts,
+        "size": max(vote.size for vote in kinds),
         "used_size": max(used) if used else None,
-        "ceiling": max(vote.total for vote in votes.values()),
-        "missing": _runs(missing),
+        "ceiling": max(vote.total for vote in kinds),
+        "missing": _runs(set.intersection(*(set(vote.missing) for vote in kinds))),
         "oom_ranks": ooms,
         "error_ranks": errors,
         "oom_basis": min(votes[rank].size for rank in ooms) if ooms else None,
