@@ -5,8 +5,9 @@ and from torch 2.10 on it can also list the keys. So nothing read from the store
 and nothing is believed that does not carry this job's seal:
 
 * **Key names** are a keyed hash (BLAKE2b with the job's secret) of the logical name
-  (``agree/<group>/<generation>/outcome``): another process can neither predict a key before it
-  is written, so it cannot pre-seed one, nor learn the secret from the keys it lists.
+  (``agree/<group>/arrivals/0``, ``agree/<group>/outcome/<call>``): another process can
+  neither predict a key before it is written, so it cannot pre-seed one, nor learn the secret
+  from the keys it lists.
 * **Values** carry a MAC (BLAKE2b with the same secret) over the key name and the bytes, checked
   before anything is parsed; a value moved from another key, or forged, is rejected.
 * **Payloads** are JSON with size limits, parsed only after the MAC has passed, and then checked
