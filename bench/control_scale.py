@@ -49,7 +49,18 @@ from unidist.testing import run_distributed
 
 WORKERS = 4
 OPS = ("vote", "barrier", "exchange")
-OPERATIONS = {"set", "get", "add", "append", "check", "wait", "multi_get", "delete_key"}
+OPERATIONS = {
+    "set",
+    "get",
+    "add",
+    "append",
+    "check",
+    "wait",
+    "multi_get",
+    "multi_set",
+    "compare_set",
+    "delete_key",
+}
 SECONDS = 120.0
 VOTE = Vote("ok", 32, 256).to_json()
 OLD_VOTE = ("ok", 32, 256, "", ())  # what the old vote pickled, field for field

@@ -8,7 +8,8 @@ is not finished. ``size``, ``handle`` and ``control`` describe the group (the wh
 
 What is written once here for every adapter: tensors are staged (made contiguous, moved to the
 GPU for nccl) and copied back, bools travel as bytes, Python numbers as tensors of a dtype that
-holds them, objects as pickled bytes over the gloo control group, and ``torch.distributed``
+holds them, objects as pickled bytes over the gloo control group (unpickled as torch's object
+collectives do: for trusted ranks only, see ``docs/trust-model.md``), and ``torch.distributed``
 failures become unidist errors (:func:`unidist.errors.translate_errors`).
 """
 
