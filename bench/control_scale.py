@@ -15,6 +15,11 @@
    per call (client operations over all ranks; ``get`` counts once though it is a wait and a
    read) and keys named by them, which shows the old O(W^2) against the new O(W).
    The old protocol runs up to ``--old-max`` ranks (256): beyond, one call takes seconds.
+   The new vote passes the MicroBatcher's ``usual`` vote (a step like the last one: the last
+   arrival combines without reading the arrivals); "vote read" is the same vote without it (the
+   path of a step in which some rank's vote differs). "floor" is the store traffic of one vote
+   with no unidist code at all (append, add, the last rank sets the outcome, the others get it):
+   what the simulation itself costs, threads and store included, at each W.
    Goals: W = 256 at most 25 ms per vote and per barrier, W = 1024 at most 150 ms, time growing
    no faster than W from 128 to 1024.
 2. Two real processes (``run_distributed``, gloo): microseconds per vote and per timed barrier,
@@ -41,7 +46,7 @@ import torch.distributed as dist
 import unidist
 from unidist import lifecycle, sync
 from unidist._comm import listen
-from unidist._comm.control import ControlPlane
+from unidist._comm.control import ControlPlane, Usual
 from unidist._comm.wire import new_secret
 from unidist._microbatch import tally
 from unidist._microbatch.tally import Vote
@@ -49,6 +54,7 @@ from unidist.testing import run_distributed
 
 WORKERS = 4
 OPS = ("vote", "barrier", "exchange")
+NEW_OPS = (*OPS, "vote read", "floor")
 OPERATIONS = {
     "set",
     "get",
@@ -64,6 +70,7 @@ OPERATIONS = {
 SECONDS = 120.0
 VOTE = Vote("ok", 32, 256).to_json()
 OLD_VOTE = ("ok", 32, 256, "", ())  # what the old vote pickled, field for field
+USUAL = Usual(VOTE)  # what the MicroBatcher declares after a step in which every rank voted VOTE
 
 
 # -- the old protocol, as unidist had it before (faithful copy, for the comparison) ---------------
@@ -128,6 +135,24 @@ def old_client(port: int) -> Any:
     return dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=SECONDS))
 
 
+class Floor:
+    """The store traffic of one vote and nothing else: no seals, no JSON, no checks."""
+
+    def __init__(self, store: Any, rank: int) -> None:
+        self._store = store
+        self._rank = rank
+        self._generation = 0
+
+    def vote(self, members: Sequence[int]) -> None:
+        self._generation += 1
+        base = f"floor/{self._generation}"
+        self._store.append(f"{base}/arrivals", b"%d," % self._rank)
+        if int(self._store.add(f"{base}/count", 1)) == len(members):
+            self._store.multi_set([f"{base}/outcome"], [b"ok"])
+        else:
+            self._store.get(f"{base}/outcome")
+
+
 # -- counting store operations ----------------------------------------------------------------
 
 
@@ -155,14 +180,18 @@ class Counting:
 def drive(plane: Any, old: bool, op: str, rank: int, members: tuple[int, ...]) -> None:
     """One call of ``op`` on one simulated rank, through the real code of each protocol."""
     what = f"bench {op}"
-    if op == "barrier":
+    if op == "floor":
+        plane.vote(members)
+    elif op == "barrier":
         plane.barrier(members, SECONDS, what)
     elif op == "exchange":  # one_rank_first(rank=0): rank 0 publishes, everyone reads it
         plane.exchange(members, None, rank == 0, [0], SECONDS, what)
     elif old:
         plane.exchange(members, OLD_VOTE, True, members, SECONDS, what)
-    else:
+    elif op == "vote read":
         plane.agree(members, VOTE, tally.combine, SECONDS, what)
+    else:
+        plane.agree(members, VOTE, tally.combine, SECONDS, what, USUAL)
 
 
 # -- simulated ranks: worker processes with many threads ----------------------------------------
@@ -199,14 +228,17 @@ def run_job(
         OldPlane(store, rank) if old else ControlPlane(store, rank, secret)
         for store, rank in zip(stores, ranks, strict=True)
     ]
+    floors = [Floor(store, rank) for store, rank in zip(stores, ranks, strict=True)]
     go, done = threading.Barrier(len(ranks) + 1), threading.Barrier(len(ranks) + 1)
-    phases = [(op, count) for op in OPS for count in (1, calls)]  # a warm-up call, then timed
+    ops = OPS if old else NEW_OPS
+    phases = [(op, count) for op in ops for count in (1, calls)]  # a warm-up call, then timed
 
     def rank_thread(index: int) -> None:
         for op, count in phases:
             go.wait()
+            plane = floors[index] if op == "floor" else planes[index]
             for _ in range(count):
-                drive(planes[index], old, op, ranks[index], members)
+                drive(plane, old, op, ranks[index], members)
             done.wait()
 
     threads = [
@@ -253,7 +285,7 @@ def simulate(pool: list[Any], sync_all: Any, old: bool, world: int, calls: int) 
             "calls": sum(part[op][1] for part in parts) / calls,
             "keys": sum(part[op][2] for part in parts) / calls,
         }
-        for op in OPS
+        for op in (OPS if old else NEW_OPS)
     }
 
 
@@ -283,7 +315,8 @@ def two_ranks(rounds: int, blocks: int) -> dict[str, list[float]]:
     assert new is not None
     contenders: dict[str, Callable[[], object]] = {
         "old vote": lambda: old.exchange(members, OLD_VOTE, True, members, SECONDS, "vote"),
-        "new vote": lambda: sync.agree(VOTE, tally.combine, SECONDS, "vote"),
+        "new vote": lambda: sync.agree(VOTE, tally.combine, SECONDS, "vote", USUAL),
+        "new vote read": lambda: sync.agree(VOTE, tally.combine, SECONDS, "vote read"),
         "old barrier": lambda: old.barrier(members, SECONDS, "barrier"),
         "new barrier": lambda: new.barrier(members, SECONDS, "barrier"),
     }
@@ -322,7 +355,8 @@ def main() -> int:
             if old and world > args.old_max:
                 continue
             budget = 300 if old else 2000  # calls times ranks, about the same time for each
-            calls = max(2 if args.quick else 3, min(10 if args.quick else 40, budget // world))
+            least = 2 if args.quick else 3 if old else 8  # a new call at W=1024 is ~0.2 s
+            calls = max(least, min(10 if args.quick else 40, budget // world))
             rows[(world, "old" if old else "new")] = simulate(pool, sync_all, old, world, calls)
             print(f"  W={world} {'old' if old else 'new'}: {calls} calls", file=sys.stderr)
     for inbox, _ in pool:
@@ -340,13 +374,18 @@ def report_simulation(
     print("\n1. Simulated ranks (threads in 4 processes, a store client each), per call")
     header = (
         f"{'W':>5}  {'protocol':<8}{'vote ms':>9}{'barrier ms':>12}{'exchange ms':>13}"
+        f"{'vote read ms':>14}{'floor ms':>10}"
         f"{'vote: store calls':>19}{'per rank':>10}{'keys':>10}"
     )
     print(header)
     for (world, name), row in rows.items():
+        extra = "".join(
+            f"{row[op]['ms']:>{width}.2f}" if op in row else f"{'-':>{width}}"
+            for op, width in (("vote read", 14), ("floor", 10))
+        )
         print(
             f"{world:>5}  {name:<8}{row['vote']['ms']:>9.2f}{row['barrier']['ms']:>12.2f}"
-            f"{row['exchange']['ms']:>13.2f}{row['vote']['calls']:>19.0f}"
+            f"{row['exchange']['ms']:>13.2f}{extra}{row['vote']['calls']:>19.0f}"
             f"{row['vote']['calls'] / world:>10.2f}{row['vote']['keys']:>10.0f}"
         )
     skipped = [w for w in worlds if w > old_max]
@@ -362,11 +401,16 @@ def report_simulation(
                     f"W={world} {op} {ms:.1f} ms (goal <= {limit:g}): {_verdict(ms <= limit)}"
                 )
     if (128, "new") in rows and (1024, "new") in rows:
-        for op in ("vote", "barrier"):
+        for op in ("vote", "barrier", "floor"):
             growth = rows[(1024, "new")][op]["ms"] / rows[(128, "new")][op]["ms"]
             goals.append(
                 f"{op} time x{growth:.1f} from W=128 to 1024 (linear: x8): {_verdict(growth <= 8)}"
             )
+        floor = rows[(1024, "new")]["floor"]["ms"]
+        goals.append(
+            f"(at W=1024 the floor, the simulation's own store traffic, takes {floor:.1f} ms: "
+            f"{100 * floor / rows[(1024, 'new')]['vote']['ms']:.0f}% of the vote)"
+        )
     if goals:
         print("goals: " + "\n       ".join(goals))
 
@@ -375,11 +419,11 @@ def report_two(times: dict[str, list[float]]) -> None:
     print(
         "\n2. Two real processes (gloo, run_distributed): microseconds per call, median of blocks"
     )
-    print(f"{'call':<10}{'old us':>9}{'new us':>9}{'new/old':>9}")
-    for call in ("vote", "barrier"):
-        old = statistics.median(times[f"old {call}"])
+    print(f"{'call':<12}{'old us':>9}{'new us':>9}{'new/old':>9}")
+    for call, old_call in (("vote", "vote"), ("vote read", "vote"), ("barrier", "barrier")):
+        old = statistics.median(times[f"old {old_call}"])
         new = statistics.median(times[f"new {call}"])
-        print(f"{call:<10}{old:>9.0f}{new:>9.0f}{new / old:>9.2f}")
+        print(f"{call:<12}{old:>9.0f}{new:>9.0f}{new / old:>9.2f}")
 
 
 def _verdict(ok: bool) -> str:

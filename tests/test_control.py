@@ -9,6 +9,7 @@ call, keys that do not grow with the calls) as well as its decisions.
 from __future__ import annotations
 
 import ast
+import collections
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ import pytest
 import unidist
 from unidist import lifecycle, sync
 from unidist._comm import listen
-from unidist._comm.control import ControlPlane
+from unidist._comm.control import ControlPlane, Usual
 from unidist._comm.wire import Json, new_secret
 from unidist._microbatch import tally
 from unidist._microbatch.tally import Vote
@@ -40,6 +41,7 @@ class Counting:
     def __init__(self, store: Any) -> None:
         self.store = store
         self.operations = 0
+        self.by_name: collections.Counter[str] = collections.Counter()
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.store, name)
@@ -48,6 +50,7 @@ class Counting:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.operations += 1
+            self.by_name[name] += 1
             return method(*args, **kwargs)
 
         return counted
@@ -161,6 +164,87 @@ def test_a_value_without_the_jobs_seal_is_reported_not_used() -> None:
     for result in results:
         assert isinstance(result, RemoteError)
         assert "holds data this job did not write" in str(result)
+
+
+OK = Vote("ok", 8, 64).to_json()
+
+
+def reads_of_arrivals(ranks: Ranks) -> int:
+    """How many times the ranks read the arrivals (``compare_set`` is only used for that)."""
+    return sum(client.by_name["compare_set"] for client in ranks.clients)
+
+
+def test_when_every_value_is_the_usual_one_nobody_reads_the_arrivals() -> None:
+    ranks = Ranks(16)
+    usual = Usual(OK)
+
+    def vote(rank: int, plane: ControlPlane) -> Json:
+        return plane.agree(ranks.members, OK, tally.combine, 30, "vote", usual)
+
+    for _ in range(3):
+        results = ranks.run(vote)
+        assert all(result == results[0] for result in results), results
+        assert tally.Tally.from_json(results[0]).counts["ok"] == 16
+    assert reads_of_arrivals(ranks) == 0
+    # one_rank_first's exchange ("done" from the first rank) takes the fast path too.
+    done = ranks.run(lambda r, plane: plane.exchange(ranks.members, None, r == 3, [3], 30, "x"))
+    assert done == [{3: None}] * 16
+    assert reads_of_arrivals(ranks) == 0
+
+
+def test_one_unusual_value_among_many_is_read_and_counted() -> None:
+    ranks = Ranks(32)
+    usual = Usual(OK)
+    oom = Vote("oom", 8, 64, "too big").to_json()
+
+    def vote(rank: int, plane: ControlPlane) -> Json:
+        mine = oom if rank == 17 else OK
+        return plane.agree(ranks.members, mine, tally.combine, 30, "vote", usual)
+
+    results = ranks.run(vote)
+    assert all(result == results[0] for result in results), results
+    votes = tally.Tally.from_json(results[0])
+    assert votes.oom_ranks == (17,)
+    assert votes.counts["ok"] == 31
+    assert reads_of_arrivals(ranks) == 1  # the last arrival, once
+    # An error reported by the first rank of one_rank_first is read the same way.
+    first = ranks.run(
+        lambda r, plane: plane.exchange(
+            ranks.members, "boom" if r == 2 else None, r == 2, [2], 30, "x"
+        )
+    )
+    assert first == [{2: "boom"}] * 32
+    assert reads_of_arrivals(ranks) == 2
+
+
+@pytest.mark.parametrize("added", [1, -1, 2**20 + 3])
+def test_a_stranger_adding_to_the_count_ends_the_fast_path_with_an_error(added: int) -> None:
+    ranks = Ranks(8)
+    sequence = ranks.planes[0]._sequence("agree", ranks.members)
+    # Even with the secret key name, an addition that is not the job's own ends the call with
+    # the same error on every rank: never a decision that skipped a rank's (unusual) value.
+    ranks.server.add(sequence.counts[1], added)
+    oom = Vote("oom", 8, 64, "too big").to_json()
+
+    def vote(rank: int, plane: ControlPlane) -> Json:
+        mine = oom if rank == 7 else OK
+        return plane.agree(ranks.members, mine, tally.combine, 10, "vote", Usual(OK))
+
+    for result in ranks.run(vote):
+        assert isinstance(result, RemoteError), result
+        assert "holds data this job did not write" in str(result)
+
+
+def test_ranks_that_declare_different_usual_values_get_an_error_not_a_decision() -> None:
+    ranks = Ranks(4)
+
+    def vote(rank: int, plane: ControlPlane) -> Json:
+        usual = Usual(OK if rank else Vote("ok", 4, 64).to_json())
+        return plane.agree(ranks.members, OK, tally.combine, 10, "vote", usual)
+
+    for result in ranks.run(vote):
+        assert isinstance(result, RemoteError), result
+        assert "different usual values" in str(result)
 
 
 def sum_values(values: dict[int, Json]) -> Json:

@@ -140,6 +140,8 @@ class MicroBatcher:
                 "be averaged over the ranks; average them yourself before optimizer.step()."
             )
         self.tracker = SizeTracker(policy or SizePolicy(), logger)
+        #: What every rank votes when nothing changed since the last vote (agreed by it).
+        self._usual: sync.Usual | None = None
         self._split_fn = split_fn or split_batch
         self._size_fn = size_fn or batch_size
         self._reduction = reduction
@@ -348,7 +350,8 @@ class MicroBatcher:
             return Tally.of({0: attempt.vote})
         what = f"the MicroBatcher vote after attempt {self._attempts} (step {self.tracker.steps})"
         try:
-            votes = sync.agree(attempt.vote.to_json(), tally.combine, self._timeout, what)
+            value = attempt.vote.to_json()
+            votes = sync.agree(value, tally.combine, self._timeout, what, self._usual)
         except BaseException:
             if attempt.error is not None:
                 raise attempt.error from None  # this rank's own failure is the real news
@@ -357,7 +360,11 @@ class MicroBatcher:
             if attempt.flagged is not None:
                 with contextlib.suppress(Exception):  # everyone has voted: nobody looks any more
                     attempt.flagged.lower()
-        return Tally.from_json(votes)
+        result = Tally.from_json(votes)
+        if result.all_ok:  # the next vote, when nothing changes, is this one again on every rank
+            same = Vote("ok", result.size, result.ceiling, missing=tuple(sorted(result.missing)))
+            self._usual = sync.Usual(same.to_json())
+        return result
 
     def _settle_failure(
         self, votes: Tally, attempt: _Attempt, failures: int, session: Session

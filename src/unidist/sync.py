@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from unidist import _env, collectives, lifecycle
+from unidist._comm.control import Usual
 from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
 from unidist.errors import translate_errors
 from unidist.groups import Group, members
@@ -20,7 +21,7 @@ from unidist.groups import Group, members
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["Flag", "agree", "barrier", "exchange", "timed_barrier"]
+__all__ = ["Flag", "Usual", "agree", "barrier", "exchange", "timed_barrier"]
 
 
 def barrier(timeout: float | timedelta | None = None, *, group: Group | None = None) -> None:
@@ -96,6 +97,7 @@ def agree(
     combine: Callable[[dict[int, Json]], Json],
     timeout: float | timedelta | None,
     what: str,
+    usual: Usual | None = None,
 ) -> Json:
     """Every rank contributes ``value``; every rank gets ``combine({rank: value, ...})``.
 
@@ -104,13 +106,16 @@ def agree(
     rank, the last to arrive, on the control store; without a control store, on every rank);
     its result reaches every rank, so every rank decides the same. Values and the result are
     plain JSON data, at most 64 KiB and 1 MiB. The ranks give up after ``timeout`` (default:
-    the session timeout) with an error that names the ranks that did not arrive.
+    the session timeout) with an error that names the ranks that did not arrive. ``usual``
+    (equal on every rank) names the value each rank sends when nothing happened: when every
+    rank sent it, the last rank combines without reading the values (see
+    :class:`~unidist._comm.control.Usual`).
     """
     session = lifecycle.session_for(what)
     seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
     world = tuple(range(session.topology.world_size))
     if session.plane is not None:
-        return session.plane.agree(world, value, combine, seconds, what)
+        return session.plane.agree(world, value, combine, seconds, what, usual)
     # The same encoding and limits as over the store, so both paths give the same values.
     everyone = collectives.all_gather_object(encode_json(value, what))
     outcome = combine({rank: decode_json(data) for rank, data in enumerate(everyone)})

@@ -12,12 +12,12 @@ a group count their calls (generation g) and use two slots, g % 2, of two keys e
 per generation for the outcome:
 
 1. Every rank appends a sealed record (its rank, g and its JSON value) to the slot's *arrivals*
-   (``append`` sends without waiting for an answer), then adds 1 to the slot's *count* (one
-   round trip). The rank whose ``add`` returns W is the last to arrive.
-2. The last arrival reads the arrivals once (a barrier skips even that), combines the values,
-   and in one message empties the other slot for generation g + 1 and writes the *outcome* of
-   g. Every other rank waits for the outcome (one wait; and one read, unless it is a barrier).
-   Everyone gets the same outcome, so everyone takes the same decision.
+   (``append`` sends without waiting for an answer), then adds to the slot's *count* (one
+   round trip). The rank whose ``add`` returns a total of W arrivals is the last to arrive.
+2. The last arrival reads the arrivals once, combines the values, and in one message empties
+   the other slot for generation g + 1 and writes the *outcome* of g. Every other rank waits
+   for the outcome (one wait; and one read, unless it is a barrier). Everyone gets the same
+   outcome, so everyone takes the same decision.
 3. No rank enters generation g + 1 before the outcome of g exists, so the slot it uses has been
    emptied. The first rank to arrive at g, which waits anyway, deletes the outcome of g - 2:
    every rank has read it, or it could not have arrived at g - 1. A rank that timed out first
@@ -25,8 +25,19 @@ per generation for the outcome:
    keeps waiting for the same ranks). The store holds six keys per group, however long the job
    runs.
 
+**The fast path.** A barrier never reads the arrivals. An agreement need not either when every
+rank sent the value the caller declared :class:`Usual` (the MicroBatcher's "ok, same size as
+last step", ``one_rank_first``'s "done"): a rank with any other value adds a mark to the count
+with its arrival, so the last arrival knows from its ``add`` alone whether every value is the
+usual one, and then combines the usual values without reading them. Each rank adds a multiple of
+a number K drawn from the secret, the generation and the usual values (one arrival is K, an
+unusual value adds K * 2**21 more): a total that is not a multiple of K, or that counts more
+than W arrivals, ends the call with an error on every rank instead of a decision, so a process
+that adds to the count (it would need the secret key name first), or ranks that declared
+different usual values, cannot make the fast path skip a value.
+
 Only the error path costs more: a rank that times out reads the arrivals to name the ranks
-that are missing.
+that are missing (every rank still appends its record, usual or not).
 
 **Trust.** The store is reachable by other processes (see :mod:`unidist._comm.listen` for where
 it listens, and :mod:`unidist._comm.wire` for how keys and values are sealed): nothing read from
@@ -36,11 +47,12 @@ without the job's secret, which rank 0 draws and sends over the process group.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -57,7 +69,7 @@ from unidist._comm.wire import (
 )
 from unidist.errors import DistributedTimeoutError, RemoteError
 
-__all__ = ["Combine", "ControlPlane"]
+__all__ = ["Combine", "ControlPlane", "Usual"]
 
 #: ``combine(values)``: rank -> that rank's value, for every member; returns the outcome.
 Combine = Callable[[dict[int, Json]], Json]
@@ -69,6 +81,49 @@ _DIAGNOSIS_SECONDS = 5.0
 #: stored value starts with 0xff: records start with a rank number below 2**24).
 _NEVER = b"\xffunidist-never"
 _SUCCESS = b'{"ok":null}'
+#: An unusual value adds ``_MARK`` arrivals' worth to the count (more than any world size).
+_MARK = 2**21
+#: Largest group with a fast path (the count must fit in a signed 64-bit integer: K < 2**21,
+#: and at most W * (1 + _MARK) arrivals' worth).
+_FAST_MAX_MEMBERS = 2**20
+
+
+@dataclass(frozen=True)
+class Usual:
+    """The value each member sends when nothing happened: ``value``, or ``exceptions[rank]``.
+
+    Every member must pass an equal ``Usual`` (derived from what they already agree on): when
+    every value is the usual one, the last rank to arrive combines these without reading what
+    the ranks sent.
+    """
+
+    value: Json
+    exceptions: Mapping[int, Json] = field(default_factory=dict)
+
+    def encoded(self, rank: int) -> bytes:
+        """The usual value of ``rank``, as that rank sends it."""
+        if rank in self.exceptions:
+            return encode_json(self.exceptions[rank], "a usual value")
+        return self._value
+
+    @functools.cached_property
+    def _value(self) -> bytes:  # a MicroBatcher reuses one Usual from step to step
+        return encode_json(self.value, "a usual value")
+
+    def decoded(self, members: Sequence[int]) -> dict[int, Json]:
+        """The usual values of ``members`` as the other ranks' values are read: decoded JSON
+        (so combine sees the same types either way), one shared object for the common one."""
+        common = decode_json(self._value)
+        return {
+            rank: decode_json(self.encoded(rank)) if rank in self.exceptions else common
+            for rank in members
+        }
+
+    @functools.cached_property
+    def spec(self) -> bytes:
+        """The usual values as bytes, the same on every member that passed an equal one."""
+        exceptions = [[rank, self.exceptions[rank]] for rank in sorted(self.exceptions)]
+        return encode_json([self.value, exceptions], "the usual values", MAX_OUTCOME_BYTES)
 
 
 @dataclass
@@ -83,6 +138,8 @@ class _Sequence:
     generation: int = 0
     #: The generation this rank timed out of and has not seen the outcome of.
     unsettled: int | None = None
+    #: The last fast-path outcome: (usual spec, combine, outcome bytes); combine is pure.
+    fast: tuple[bytes, Combine, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -142,16 +199,24 @@ class ControlPlane:
         self._run("barrier", tuple(members), None, None, seconds, what)
 
     def agree(
-        self, members: Sequence[int], value: Json, combine: Combine, seconds: float, what: str
+        self,
+        members: Sequence[int],
+        value: Json,
+        combine: Combine,
+        seconds: float,
+        what: str,
+        usual: Usual | None = None,
     ) -> Json:
         """Every member contributes ``value``; every member gets ``combine`` of all of them.
 
         ``combine`` runs once, on the last rank to arrive, and its result (JSON, at most
-        :data:`~unidist._comm.wire.MAX_OUTCOME_BYTES`) reaches every member. It must not modify
-        its argument (ranks that sent equal values share one decoded value). Every member calls
-        it, in the same order; it waits at most ``seconds``.
+        :data:`~unidist._comm.wire.MAX_OUTCOME_BYTES`) reaches every member. It must be a pure
+        function and must not modify its argument (ranks that sent equal values share one
+        decoded value). Every member calls it, in the same order, with an equal ``usual`` (see
+        :class:`Usual`: when every value is the usual one, the last rank skips reading them);
+        it waits at most ``seconds``.
         """
-        return self._run("agree", tuple(members), value, combine, seconds, what)
+        return self._run("agree", tuple(members), value, combine, seconds, what, usual)
 
     def exchange(
         self,
@@ -167,7 +232,10 @@ class ControlPlane:
         Returns:
             rank -> the value that rank published, for every rank in ``wait_for``.
         """
-        published = self.agree(members, [value] if publish else None, _published, seconds, what)
+        # The usual case (one_rank_first's "done"): the ranks in wait_for publish None.
+        usual = Usual(None, {rank: [None] for rank in wait_for})
+        mine = [value] if publish else None
+        published = self.agree(members, mine, _published, seconds, what, usual)
         assert isinstance(published, dict)
         silent = [rank for rank in wait_for if str(rank) not in published]
         if silent:
@@ -185,46 +253,78 @@ class ControlPlane:
         combine: Combine | None,
         seconds: float,
         what: str,
+        usual: Usual | None = None,
     ) -> Json:
         deadline = time.monotonic() + seconds
         sequence = self._sequence(kind, members)
         payload = encode_json(value, what) if combine is not None else b""
+        if len(members) > _FAST_MAX_MEMBERS:
+            usual = None
+        spec = usual.spec if usual is not None else b""
+        unusual = usual is not None and payload != usual.encoded(self._rank)
         if sequence.unsettled is not None:  # finish the generation this rank timed out of
             self._await(self._call(sequence, sequence.unsettled), False, deadline, seconds, what)
             sequence.unsettled = None
         sequence.generation += 1
         call = self._call(sequence, sequence.generation)
         record = self._seal.record(call.arrivals, self._rank, call.generation, payload)
+        unit = self._seal.unit(call.count, call.generation, spec)
         try:
             # The client keeps the timeout of its last wait, which may have been short.
             self._store.set_timeout(timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
             self._store.append(call.arrivals, record)
-            arrived = int(self._store.add(call.count, 1))
-            if arrived == 1 and call.generation > 2:  # it waits anyway: let it tidy up
-                self._store.delete_key(self._call(sequence, call.generation - 2).outcome)
+            total = int(self._store.add(call.count, unit * (1 + _MARK * unusual)))
         except RuntimeError as exc:
             raise _store_gone(what, exc) from exc
-        if arrived == len(members):
-            return self._conclude(sequence, call, combine, what)
-        if arrived > len(members):
-            self._publish(sequence, call, _failure(_tampered(what, f"{arrived} arrivals")))
+        marks, arrived = divmod(total // unit, _MARK)
+        if total % unit or not 0 < arrived <= len(members) or not 0 <= marks <= arrived:
+            # Another process added to the count, or the ranks declared different usual values.
+            found = f"a count of {total}, not one its ranks can add up to"
+            self._publish(sequence, call, _failure(_tampered(what, found, disagree=True)))
+        else:
+            if arrived == 1 and call.generation > 2:  # it waits anyway: let it tidy up
+                self._delete(self._call(sequence, call.generation - 2).outcome, what)
+            if arrived == len(members):
+                fast = usual if marks == 0 else None
+                return self._conclude(sequence, call, combine, what, fast, spec)
         try:
             return self._await(call, combine is not None, deadline, seconds, what)
         except DistributedTimeoutError:
             sequence.unsettled = call.generation
             raise
 
+    def _delete(self, key: str, what: str) -> None:
+        try:
+            self._store.delete_key(key)
+        except RuntimeError as exc:
+            raise _store_gone(what, exc) from exc
+
     def _conclude(
-        self, sequence: _Sequence, call: _Call, combine: Combine | None, what: str
+        self,
+        sequence: _Sequence,
+        call: _Call,
+        combine: Combine | None,
+        what: str,
+        usual: Usual | None,
+        spec: bytes,
     ) -> Json:
-        """On the last rank to arrive: combine the values and publish the outcome."""
+        """On the last rank to arrive: combine the values and publish the outcome.
+
+        With ``usual`` (every rank counted its value as the usual one), the values are not read.
+        """
         if combine is None:
             return self._publish(sequence, call, _SUCCESS)
+        if usual is not None:
+            if sequence.fast is None or sequence.fast[:2] != (spec, combine):
+                outcome = self._combined(combine, usual.decoded(call.members), what)
+                sequence.fast = (spec, combine, outcome)
+            return self._publish(sequence, call, sequence.fast[2])
         records = self._read_arrivals(call, what)
         missing = sorted(set(call.members) - set(records.payloads))
         if records.problems or missing:
             problems = [*records.problems, *([f"no record from rank(s) {missing}"] * bool(missing))]
-            return self._publish(sequence, call, _failure(_tampered(what, "; ".join(problems))))
+            failure = _failure(_tampered(what, "; ".join(problems)))
+            return self._publish(sequence, call, failure)
         # Ranks mostly send the same bytes (every vote "ok"): decode each distinct value once.
         decoded: dict[bytes, Json] = {}
         values: dict[int, Json] = {}
@@ -233,11 +333,14 @@ class ControlPlane:
             if payload not in decoded:
                 decoded[payload] = decode_json(payload)
             values[rank] = decoded[payload]
+        return self._publish(sequence, call, self._combined(combine, values, what))
+
+    def _combined(self, combine: Combine, values: dict[int, Json], what: str) -> bytes:
+        """The outcome of ``combine(values)`` to publish (a failure if combine raises)."""
         try:
-            data = encode_json({"ok": combine(values)}, what, MAX_OUTCOME_BYTES)
+            return encode_json({"ok": combine(values)}, what, MAX_OUTCOME_BYTES)
         except Exception as exc:  # every rank must hear about it, not only this one
-            data = _failure(f"{what}: rank {self._rank} could not combine the values: {exc}")
-        return self._publish(sequence, call, data)
+            return _failure(f"{what}: rank {self._rank} could not combine the values: {exc}")
 
     def _publish(self, sequence: _Sequence, call: _Call, data: bytes) -> Json:
         """Empty the other slot for the next generation, and publish the outcome (``data``).
@@ -363,11 +466,17 @@ def _unwrap(envelope: Json) -> Json:
     raise RemoteError(f"unidist's control store holds a malformed outcome: {envelope!r:.200}")
 
 
-def _tampered(what: str, found: str) -> str:
+def _tampered(what: str, found: str, disagree: bool = False) -> str:
+    cause = (
+        "the ranks called it with different usual values (a bug), or another process is "
+        "writing to the store"
+        if disagree
+        else "another process is writing to the store"
+    )
     return (
         f"{what}: unidist's control store holds data this job did not write ({found}). "
-        "HINT: another process is writing to the store; keep the job's hosts and ports private "
-        "(see the trust model in unidist's docs)."
+        f"HINT: {cause}; keep the job's hosts and ports private (see the trust model in "
+        "unidist's docs)."
     )
 
 

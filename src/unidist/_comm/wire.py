@@ -120,6 +120,16 @@ class Sealer:
             mac.update(part)
         return mac.digest()
 
+    def unit(self, key: str, generation: int, spec: bytes) -> int:
+        """What one arrival adds to the count ``key``: a number in [2**20, 2**21).
+
+        Unpredictable without the secret, different for every generation and for every set of
+        usual values (``spec``): a count that is not a multiple of it was not written by this
+        job's ranks, or they did not agree on the usual values.
+        """
+        mac = self._mac(key, generation.to_bytes(8, "big"), spec)
+        return 2**20 + int.from_bytes(mac[:4], "big") % 2**20
+
     # -- one value per key (outcomes) --------------------------------------------------------
 
     def seal(self, key: str, payload: bytes) -> bytes:
