@@ -18,7 +18,7 @@ Three tables:
    microseconds per step, and what they are as a share of the MLP's step.
 2. Retries until the size settles when one rank has a memory budget (OOMBudget), against
    ``ceil(log2(batch))``.
-3. What the agreement costs by itself: a vote (one store exchange) and a flag lookup.
+3. What the agreement costs by itself: a vote (one agreement on the store) and a flag lookup.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
 from unidist import lifecycle, sync
+from unidist._microbatch import tally
+from unidist._microbatch.tally import Vote
 from unidist.testing import OOMBudget, run_distributed
 
 WIDTH, FEATURES, CLASSES = 1024, 256, 10
@@ -151,14 +153,14 @@ def settling(batch_size: int, budgets: list[int]) -> list[dict[str, Any]]:
 
 
 def agreement_costs(rounds: int) -> dict[str, float]:
-    """Microseconds per vote (store exchange over every rank) and per flag lookup."""
+    """Microseconds per vote (the MicroBatcher's agreement over every rank) and per flag lookup."""
     flag = sync.Flag(lifecycle.session_for("bench"), "bench", "never")
-    world = range(unidist.get_world_size())
+    vote = Vote("ok", 32, 256).to_json()
     sync.barrier()
     start = time.perf_counter()
     for _ in range(rounds):
-        sync.exchange(("ok", 32, 256, "", ()), True, world, 30, "bench vote")
-    vote = (time.perf_counter() - start) / rounds
+        sync.agree(vote, tally.combine, 30, "bench vote")
+    per_vote = (time.perf_counter() - start) / rounds
     lookup = 0.0
     if flag.usable:
         start = time.perf_counter()
@@ -166,7 +168,7 @@ def agreement_costs(rounds: int) -> dict[str, float]:
             flag.is_raised()
         lookup = (time.perf_counter() - start) / rounds
     sync.barrier()
-    return {"vote_us": 1e6 * vote, "lookup_us": 1e6 * lookup}
+    return {"vote_us": 1e6 * per_vote, "lookup_us": 1e6 * lookup}
 
 
 def job(batch_size: int, size: int, rounds: int, budgets: list[int]) -> dict[str, Any]:

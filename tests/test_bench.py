@@ -20,6 +20,7 @@ PEERS = [pytest.mark.composer, pytest.mark.ignite]  # benchmarks that measure th
 #: benchmark -> (marks, a line its table prints)
 BENCHMARKS = {
     "collectives": ([], "unidist us"),
+    "control_scale": ([], "new/old"),
     "gpu_microbatch": ([], "RESULT: PASS"),
     "import_time": (PEERS, "import unidist"),
     "launch": (PEERS, "failure -> exit s"),

@@ -237,7 +237,8 @@ def test_batchnorm_buffers_are_restored_and_broadcast_like_ddp() -> None:
 def without_control_plane() -> dict:
     """No control store: votes go over the gloo group; a plain module averages by itself."""
     session = lifecycle.session_for("test")
-    session.plane = None
+    # Keep rank 0's store alive: the other ranks may still be connecting to it.
+    kept, session.plane = session.plane, None
     model, reference = make_model(), DDP(make_model())
     mb = unidist.MicroBatcher(model, sync_gradients=True)
     with OOMBudget({0: 3}).attach(model):
@@ -246,6 +247,7 @@ def without_control_plane() -> dict:
             mb.step((x, y), mse(model))
             reference.zero_grad()
             F.mse_loss(reference(x), y).backward()
+    session.plane = kept
     return {"size": mb.size, "grad_err": worst_relative(model, reference, grads=True)}
 
 

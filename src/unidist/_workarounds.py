@@ -16,13 +16,17 @@ gloo AVG sums             < 2.9                 ``parallel._gloo`` (an FSDP2 all
 gloo has no AVG           < 2.8                 ``parallel._apply`` (FSDP2 HSDP over gloo is
 all-reduce (PR #149781)                         refused up front instead of failing in
                                                 backward)
+libuv store refuses a     < 2.8                 ``_comm.listen`` (the control store runs on
+listening socket                                torch's older server, which takes the socket
+(PR #150215)                                    bound to loopback or MASTER_ADDR)
 ========================  ====================  ===========================================
 
 The releases were measured on this project's machines (``tests/test_workarounds.py`` in the
 pinned and latest environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0 and
 2.11.0): the deadlock hung 5 of 5 runs of 10 rounds on 2.7.0 and 0 of 5 on 2.8.0 and every later
 release tried; reduce_scatter AVG summed on 2.4.1 to 2.8.0 and averaged from 2.9.0 on;
-all_reduce AVG was refused up to 2.7.0 and worked from 2.8.0 on.
+all_reduce AVG was refused up to 2.7.0 and worked from 2.8.0 on; the libuv store refused a
+listening socket on 2.7.0 and took it on 2.14.1.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ __all__ = [
     "GLOO_AVG_SUMS",
     "GLOO_NO_AVG_ALL_REDUCE",
     "GLOO_TEARDOWN_DEADLOCK",
+    "LIBUV_STORE_LISTEN_FD",
     "TORCH_BUGS",
     "TorchBug",
     "torch_version",
@@ -98,4 +103,10 @@ GLOO_NO_AVG_ALL_REDUCE = TorchBug(
     "gloo's all_reduce refuses ReduceOp.AVG, which FSDP2 uses across the replicas of HSDP",
     (2, 8),
 )
-TORCH_BUGS = (GLOO_TEARDOWN_DEADLOCK, GLOO_AVG_SUMS, GLOO_NO_AVG_ALL_REDUCE)
+LIBUV_STORE_LISTEN_FD = TorchBug(
+    "libuv store refuses a listening socket",
+    "pytorch PR #150215 (TCPStoreLibUvBackend: support masterListenFd)",
+    "TCPStore's libuv server rejects master_listen_fd, so it can only listen on every interface",
+    (2, 8),
+)
+TORCH_BUGS = (GLOO_TEARDOWN_DEADLOCK, GLOO_AVG_SUMS, GLOO_NO_AVG_ALL_REDUCE, LIBUV_STORE_LISTEN_FD)

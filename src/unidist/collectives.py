@@ -143,6 +143,9 @@ def all_gather_uneven(tensor: torch.Tensor, *, group: Group | None = None) -> li
 def all_gather_object(obj: T, *, group: Group | None = None) -> list[T]:
     """Gather any picklable object from every rank (over the gloo control group).
 
+    Objects are pickled and unpickled, like ``torch.distributed.all_gather_object``: unpickling
+    runs code, so use it only between the trusted ranks of one job (see the trust model).
+
     Returns:
         One object per rank of the group, in rank order (``[obj]`` alone).
     """
@@ -173,6 +176,9 @@ def broadcast(value: T, src: int = 0, *, group: Group | None = None) -> T:
 
 def broadcast_object(obj: T, src: int = 0, *, group: Group | None = None) -> T:
     """Send any picklable object from global rank ``src``; other ranks' ``obj`` is ignored.
+
+    The object is pickled and unpickled, like ``torch.distributed.broadcast_object_list``:
+    unpickling runs code, so use it only between the trusted ranks of one job.
 
     Returns:
         The source's object (on the source rank, ``obj`` itself).

@@ -17,10 +17,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from unidist import _env, _state
-from unidist._comm import transport
+from unidist._comm import listen, transport
 from unidist._comm.control import ControlPlane
 from unidist._state import Session
 from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
@@ -48,7 +48,6 @@ __all__ = [
     "use",
 ]
 
-T = TypeVar("T")
 #: Seconds a collective may wait before it fails (``UNIDIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT = 300.0
 #: How long finalize lets gloo's worker threads drop their last tensors (see _release_gil_briefly).
@@ -193,9 +192,11 @@ def _settle(session: Session) -> None:
 
             with translate_errors("creating unidist's gloo control group"):
                 session.control = dist.new_group(backend="gloo", timeout=session.timeout)
+    topology, one_host = (
+        _survey(session, reading) if reading.world_size > 1 else (reading.topology(), True)
+    )
     if session.torch_backed and reading.world_size > 1:
-        session.plane = _start_control_plane(session, reading)
-    topology = _survey(session, reading) if reading.world_size > 1 else reading.topology()
+        session.plane = _start_control_plane(session, reading, one_host)
     view = session.adapter.topology(topology)
     mismatched = [
         f"{name}: {getattr(view, name)} (adapter) vs {getattr(topology, name)} (unidist)"
@@ -220,22 +221,30 @@ def _settle(session: Session) -> None:
     session.env = reading.with_topology(topology, "topology verified across ranks")
 
 
-def _start_control_plane(session: Session, reading: EnvReading) -> ControlPlane:
-    """Rank 0 hosts unidist's control store on a free port; the others connect (collective)."""
+def _start_control_plane(session: Session, reading: EnvReading, one_host: bool) -> ControlPlane:
+    """Rank 0 hosts unidist's control store; the others connect (collective).
 
-    def from_rank_zero(value: T) -> T:
+    It listens on loopback when every rank runs on one host, else on the address the rendezvous
+    already uses (``MASTER_ADDR``), never on every interface. Its address, port and the job's
+    secret reach the other ranks over the process group, as plain bytes.
+    """
+
+    def from_rank_zero(message: bytes | None) -> bytes:
+        what = "sharing unidist's control store"
         world = reading.world_size
-        return transport.broadcast_object(session, value, 0, world, session.control)
+        return transport.broadcast_bytes(session, message, 0, world, session.control, what)
 
-    host = reading.master_addr or from_rank_zero(socket.gethostname())
+    hosts = listen.LOOPBACK if one_host else (reading.master_addr or socket.gethostname(),)
     with translate_errors("starting unidist's control store"):
-        return ControlPlane.start(
-            host, reading.rank, reading.world_size, session.timeout, from_rank_zero
-        )
+        return ControlPlane.start(reading.rank, session.timeout, hosts, from_rank_zero)
 
 
-def _survey(session: Session, reading: EnvReading) -> Topology:
-    """Gather (host, node, local rank) from every rank to fill gaps and catch collisions."""
+def _survey(session: Session, reading: EnvReading) -> tuple[Topology, bool]:
+    """Gather (host, node, local rank) from every rank to fill gaps and catch collisions.
+
+    Returns:
+        The topology, and whether every rank runs on one host.
+    """
     me = (socket.gethostname(), reading.node_rank, reading.local_rank, reading.local_world_size)
     everyone = transport.gather_object(session, me, reading.world_size, session.control)
     keys = [(host, node) for host, node, _, _ in everyone]
@@ -262,7 +271,7 @@ def _survey(session: Session, reading: EnvReading) -> Topology:
         launcher=reading.launcher,
     )
     _check_collisions(everyone, topology, keys)
-    return topology
+    return topology, len({host for host, _, _, _ in everyone}) == 1
 
 
 def _check_collisions(

@@ -13,9 +13,11 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
 2. A rank that fails raises a flag on unidist's control store; the others look at it between
    microbatches (one store round trip, at most every ``abort_check_interval`` seconds) and
    abandon their attempt early. Nothing waits there.
-3. At the end of the attempt every rank publishes ``ok``/``oom``/``aborted``/``error`` through
-   the control store (``session.plane``, not the device or NCCL; without one, over the gloo
-   control group) and reads everyone's. Identical inputs give identical decisions everywhere.
+3. At the end of the attempt every rank votes ``ok``/``oom``/``aborted``/``error`` through the
+   control store (``session.plane``, not the device or NCCL; without one, over the gloo control
+   group): one rank tallies the votes and every rank reads the same tally (a few store
+   operations per rank, whatever the world size). The same tally gives the same decision
+   everywhere.
 4. All ``ok``: gradients are averaged by hand over DDP's group (see
    :mod:`unidist._microbatch.gradsync`).
    Any ``error``: that rank re-raises its error, the others raise :class:`~unidist.RemoteError`
@@ -36,10 +38,12 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from unidist import _env, lifecycle, sync
+from unidist._microbatch import tally
 from unidist._microbatch.gradsync import GradientAverager, inspect_model
 from unidist._microbatch.memory import free_memory, is_oom
-from unidist._microbatch.policy import SizeChange, SizePolicy, SizeTracker, Vote
+from unidist._microbatch.policy import SizeChange, SizePolicy, SizeTracker
 from unidist._microbatch.split import batch_size, detached, split_batch, unpack_loss
+from unidist._microbatch.tally import Tally, Vote
 from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:
@@ -136,6 +140,8 @@ class MicroBatcher:
                 "be averaged over the ranks; average them yourself before optimizer.step()."
             )
         self.tracker = SizeTracker(policy or SizePolicy(), logger)
+        #: What every rank votes when nothing changed since the last vote (agreed by it).
+        self._usual: sync.Usual | None = None
         self._split_fn = split_fn or split_batch
         self._size_fn = size_fn or batch_size
         self._reduction = reduction
@@ -214,8 +220,7 @@ class MicroBatcher:
             with self._view.buffer_sync_off():
                 votes, attempt = self._agree(batch, loss_fn, session, snapshot)
             if self._averager is not None:
-                missing = [set(v.missing) for v in votes.values()]
-                self._averager.reduce(set.intersection(*missing))
+                self._averager.reduce(set(votes.missing))
         except BaseException:  # leave gradients and buffers as they were before the step
             self._recover(snapshot, free=False)
             self._view.give_back_grads(stashed)
@@ -234,16 +239,16 @@ class MicroBatcher:
         loss_fn: Callable[[Any], Any],
         session: Session,
         snapshot: list[tuple[torch.Tensor, torch.Tensor]],
-    ) -> tuple[dict[int, Vote], _Attempt]:
+    ) -> tuple[Tally, _Attempt]:
         """Attempt and vote until every rank has run the whole batch (or raise everywhere)."""
         failures = 0
         while True:
             attempt = self._attempt(batch, loss_fn, session)
             votes = self._vote(attempt, session)
-            if all(v.status == "ok" for v in votes.values()):
+            if votes.all_ok:
                 return votes, attempt
             failures += 1
-            self._recover(snapshot, free=any(v.status == "oom" for v in votes.values()))
+            self._recover(snapshot, free=bool(votes.oom_ranks))
             self._settle_failure(votes, attempt, failures, session)
 
     # -- one attempt -----------------------------------------------------------------------
@@ -340,13 +345,13 @@ class MicroBatcher:
 
     # -- agreement -------------------------------------------------------------------------
 
-    def _vote(self, attempt: _Attempt, session: Session) -> dict[int, Vote]:
+    def _vote(self, attempt: _Attempt, session: Session) -> Tally:
         if session.topology.world_size == 1:
-            return {0: attempt.vote}
+            return Tally.of({0: attempt.vote})
         what = f"the MicroBatcher vote after attempt {self._attempts} (step {self.tracker.steps})"
-        world = range(session.topology.world_size)
         try:
-            votes = sync.exchange(attempt.vote, True, world, self._timeout, what)
+            value = attempt.vote.to_json()
+            votes = sync.agree(value, tally.combine, self._timeout, what, self._usual)
         except BaseException:
             if attempt.error is not None:
                 raise attempt.error from None  # this rank's own failure is the real news
@@ -355,20 +360,24 @@ class MicroBatcher:
             if attempt.flagged is not None:
                 with contextlib.suppress(Exception):  # everyone has voted: nobody looks any more
                     attempt.flagged.lower()
-        return {rank: vote for rank, vote in votes.items() if isinstance(vote, Vote)}
+        result = Tally.from_json(votes)
+        if result.all_ok:  # the next vote, when nothing changes, is this one again on every rank
+            same = Vote("ok", result.size, result.ceiling, missing=tuple(sorted(result.missing)))
+            self._usual = sync.Usual(same.to_json())
+        return result
 
     def _settle_failure(
-        self, votes: dict[int, Vote], attempt: _Attempt, failures: int, session: Session
+        self, votes: Tally, attempt: _Attempt, failures: int, session: Session
     ) -> None:
         """Shrink for the retry, or raise on every rank (after they all read the votes)."""
-        errors = {rank: v for rank, v in sorted(votes.items()) if v.status == "error"}
         terminal: BaseException
-        if errors:
-            rank, vote = next(iter(errors.items()))
+        if votes.error_ranks:
+            rank = votes.error_ranks[0]
             terminal = attempt.error or RemoteError(
-                f"rank {rank} failed during MicroBatcher.step: {vote.detail}. Rank "
-                f"{session.topology.rank} stops too (failing ranks: {sorted(errors)}). HINT: the "
-                f"cause is in rank {rank}'s traceback; this rank is collateral damage."
+                f"rank {rank} failed during MicroBatcher.step: {votes.details[rank].detail}. "
+                f"Rank {session.topology.rank} stops too (failing ranks: "
+                f"{list(votes.error_ranks)}). HINT: the cause is in rank {rank}'s traceback; "
+                "this rank is collateral damage."
             )
         else:
             try:

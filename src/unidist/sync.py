@@ -1,24 +1,27 @@
-"""Waits that involve every rank: barriers (optionally with their own deadline), exchanges, flags.
+"""Waits that involve every rank: barriers (optionally with their own deadline), agreements, flags.
 
 Waits with a deadline go through unidist's control store (:mod:`unidist._comm.control`): a
-collective cannot be abandoned cleanly, a store wait can, and the missing keys name the missing
-ranks. Features above (one-rank helpers, the microbatch vote) use these, never the store itself.
+collective cannot be abandoned cleanly, a store wait can, and the arrivals recorded so far name
+the missing ranks. Each costs every rank a few store operations whatever the world size.
+Features above (one-rank helpers, the microbatch vote) use these, never the store itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from unidist import _env, collectives, lifecycle
+from unidist._comm.control import Usual
+from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
 from unidist.errors import translate_errors
 from unidist.groups import Group, members
 
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["Flag", "barrier", "exchange", "timed_barrier"]
+__all__ = ["Flag", "Usual", "agree", "barrier", "exchange", "timed_barrier"]
 
 
 def barrier(timeout: float | timedelta | None = None, *, group: Group | None = None) -> None:
@@ -65,26 +68,58 @@ def timed_barrier(
 
 
 def exchange(
-    value: object,
+    value: Json,
     publish: bool,
     wait_for: Sequence[int],
     timeout: float | timedelta | None,
     what: str,
-) -> dict[int, object]:
+) -> dict[int, Json]:
     """Every rank calls it: publishers send ``value``; each rank gets the values of ``wait_for``.
 
-    The waiting ranks give up after ``timeout`` (default: the session timeout) with an error
-    that names the ranks they waited for. Used by one_rank_first, one_rank_only and the
-    microbatch vote.
+    It is an :func:`agree`: every rank waits until all have arrived (a publisher too), and each
+    gets every published value, so publish from a few ranks only. Values are plain JSON data
+    (``None``, bools, numbers, strings, lists, dicts with string keys; tuples come back as
+    lists); nothing is pickled. The ranks give up after ``timeout`` (default: the session
+    timeout) with an error that names the ranks that did not arrive. Used by one_rank_first and
+    one_rank_only.
     """
     session = lifecycle.session_for(what)
     seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
+    world = tuple(range(session.topology.world_size))
     if session.plane is not None:
-        return session.plane.exchange(
-            tuple(range(session.topology.world_size)), value, publish, wait_for, seconds, what
-        )
+        return session.plane.exchange(world, value, publish, wait_for, seconds, what)
     everyone = collectives.all_gather_object((publish, value if publish else None))
     return {rank: everyone[rank][1] for rank in wait_for}
+
+
+def agree(
+    value: Json,
+    combine: Callable[[dict[int, Json]], Json],
+    timeout: float | timedelta | None,
+    what: str,
+    usual: Usual | None = None,
+) -> Json:
+    """Every rank contributes ``value``; every rank gets ``combine({rank: value, ...})``.
+
+    The agreement behind the microbatch vote: it costs each rank a few store operations however
+    many ranks there are. ``combine`` must be a pure function of its argument (it runs on one
+    rank, the last to arrive, on the control store; without a control store, on every rank);
+    its result reaches every rank, so every rank decides the same. Values and the result are
+    plain JSON data, at most 64 KiB and 1 MiB. The ranks give up after ``timeout`` (default:
+    the session timeout) with an error that names the ranks that did not arrive. ``usual``
+    (equal on every rank) names the value each rank sends when nothing happened: when every
+    rank sent it, the last rank combines without reading the values (see
+    :class:`~unidist._comm.control.Usual`).
+    """
+    session = lifecycle.session_for(what)
+    seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
+    world = tuple(range(session.topology.world_size))
+    if session.plane is not None:
+        return session.plane.agree(world, value, combine, seconds, what, usual)
+    # The same encoding and limits as over the store, so both paths give the same values.
+    everyone = collectives.all_gather_object(encode_json(value, what))
+    outcome = combine({rank: decode_json(data) for rank, data in enumerate(everyone)})
+    return decode_json(encode_json(outcome, what, MAX_OUTCOME_BYTES))
 
 
 class Flag:

@@ -8,7 +8,8 @@ is not finished. ``size``, ``handle`` and ``control`` describe the group (the wh
 
 What is written once here for every adapter: tensors are staged (made contiguous, moved to the
 GPU for nccl) and copied back, bools travel as bytes, Python numbers as tensors of a dtype that
-holds them, objects as pickled bytes over the gloo control group, and ``torch.distributed``
+holds them, objects as pickled bytes over the gloo control group (unpickled as torch's object
+collectives do: for trusted ranks only, see ``docs/trust-model.md``), and ``torch.distributed``
 failures become unidist errors (:func:`unidist.errors.translate_errors`).
 """
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_DIMS",
+    "broadcast_bytes",
     "broadcast_object",
     "broadcast_tensor",
     "gather",
@@ -234,20 +236,37 @@ def broadcast_tensor(
 
 def broadcast_object(session: Session, obj: T, src: int, size: int, control: Any) -> T:
     """Global rank ``src``'s picklable object, over the control group."""
-    import torch
-
     is_src = session.topology.rank == src
     payload = _to_bytes(obj) if is_src else None  # also alone, so failures match everywhere
     if size == 1:
         return obj
-    length = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64)
-    with translate_errors(f"broadcast_object from rank {src} over {size} ranks"):
-        length = session.adapter.broadcast(length, src, control)
-        if payload is None:
-            payload = torch.empty(int(length.item()), dtype=torch.uint8)
-        payload = session.adapter.broadcast(payload, src, control)
-    received: T = pickle.loads(payload.numpy().tobytes())
+    data = payload.numpy().tobytes() if payload is not None else None
+    what = f"broadcast_object from rank {src} over {size} ranks"
+    received: T = pickle.loads(broadcast_bytes(session, data, src, size, control, what))
     return obj if is_src else received
+
+
+def broadcast_bytes(
+    session: Session, data: bytes | None, src: int, size: int, control: Any, what: str
+) -> bytes:
+    """Global rank ``src``'s bytes (``data`` there; ignored elsewhere), over the control group.
+
+    Nothing is unpickled: start-up uses it to hand out the control store's address and secret.
+    """
+    import torch
+
+    if size == 1:
+        return data or b""
+    is_src = session.topology.rank == src
+    length = torch.tensor([len(data or b"") if is_src else 0], dtype=torch.int64)
+    with translate_errors(what):
+        length = session.adapter.broadcast(length, src, control)
+        count = int(length.item())
+        payload = torch.empty(count, dtype=torch.uint8)
+        if is_src and count:
+            payload = torch.frombuffer(bytearray(data or b""), dtype=torch.uint8)
+        payload = session.adapter.broadcast(payload, src, control)
+    return bytes(payload.numpy().tobytes())
 
 
 def _to_bytes(obj: object) -> torch.Tensor:

@@ -1,34 +1,20 @@
 """The microbatch size: where it starts, how it shrinks and grows, and its history.
 
-Every rank holds a :class:`SizeTracker` and feeds it the same votes in the same order, so every
-rank reaches the same size without another exchange. A :class:`SizePolicy` must therefore be a
-pure function of its arguments (no randomness, no per-rank state).
+Every rank holds a :class:`SizeTracker` and feeds it the same tallies of votes in the same
+order, so every rank reaches the same size without another exchange. A :class:`SizePolicy` must
+therefore be a pure function of its arguments (no randomness, no per-rank state).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
+from unidist._microbatch.tally import Tally
 from unidist.errors import ConfigurationError, MicrobatchOOMError
 
-__all__ = ["SizeChange", "SizePolicy", "SizeTracker", "Vote"]
-
-
-@dataclass(frozen=True)
-class Vote:
-    """What one rank reports after an attempt (sent to every rank, so small and picklable)."""
-
-    status: Literal["ok", "oom", "aborted", "error"]
-    #: Microbatch size this rank used (its batch may be smaller than the common size).
-    size: int
-    #: Samples in this rank's batch.
-    total: int
-    #: Why (the OOM reason or the error) and where.
-    detail: str = ""
-    #: Parameters without a gradient on this rank (for gradient averaging).
-    missing: tuple[int, ...] = ()
+__all__ = ["SizeChange", "SizePolicy", "SizeTracker"]
 
 
 @dataclass(frozen=True)
@@ -123,7 +109,7 @@ class SizeTracker:
         """The size this rank uses for a batch of ``total`` samples."""
         return min(self.size if self.size is not None else total, total)
 
-    def failed(self, votes: dict[int, Vote], failures: int) -> None:
+    def failed(self, tally: Tally, failures: int) -> None:
         """Shrink after an attempt in which some rank ran out of memory.
 
         Raises:
@@ -133,13 +119,12 @@ class SizeTracker:
         self._clean = 0
         self._troubled = True
         if self.size is None:  # the first attempt ran at each rank's batch size
-            self.size = max(v.size for v in votes.values())
-        ooms = {rank: v for rank, v in sorted(votes.items()) if v.status == "oom"}
-        if not ooms:  # only aborted attempts: nothing learned, try again as is
+            self.size = tally.size
+        basis = tally.oom_basis
+        if basis is None:  # only aborted attempts: nothing learned, try again as is
             self.retries += 1
             return
-        basis = min(v.size for v in ooms.values())
-        who = "; ".join(f"rank {rank}: {v.detail}" for rank, v in ooms.items())
+        who = tally.describe(tally.oom_ranks)
         probe, self._probe_from = self._probe_from, None
         if probe is not None and basis > probe:
             self._wait *= 2
@@ -164,18 +149,18 @@ class SizeTracker:
             self._change(new, f"out of memory at {basis} ({who})", logging.WARNING)
         self.retries += 1
 
-    def succeeded(self, votes: dict[int, Vote]) -> None:
+    def succeeded(self, tally: Tally) -> None:
         """Record a step that every rank finished; maybe start probing a larger size."""
         step = self.steps  # the step that finished: what its changes are recorded under
         self.steps += 1
         troubled, self._troubled = self._troubled, False
-        used = [v for v in votes.values() if v.total > 0]
-        if not used:
+        if tally.used_size is None:  # no rank had a sample
             return
-        self._ceiling = max(self._ceiling, *(v.total for v in used))
+        self._ceiling = max(self._ceiling, tally.ceiling)
         if self.size is None:
-            first = max(v.size for v in used)
-            self._change(first, "the batch size of the first step fits", logging.INFO, step)
+            self._change(
+                tally.used_size, "the batch size of the first step fits", logging.INFO, step
+            )
         assert self.size is not None
         if self._probe_from is not None:
             self.logger.info("microbatch size %d: the probe succeeded", self.size)
