@@ -28,6 +28,7 @@ ROOT = BENCH.parent
 #: What each benchmark compares, for the report's index.
 AGAINST = {
     "collectives": "raw torch.distributed calls (same processes, alternating blocks)",
+    "control_scale": "the all-to-all control protocol it replaced, and bare store traffic",
     "gpu_microbatch": "hand-written gradient accumulation on a real GPU (needs CUDA)",
     "import_time": "import torch, Composer's dist and ignite.distributed",
     "launch": "torchrun, composer -n and Ignite's Parallel",
