@@ -21,10 +21,10 @@ _LOCAL_FIRST = "`with unidist.one_rank_first(local=True):` around the download (
 POINTERS: dict[str, tuple[str, str]] = {
     "Parallel": (
         _IGNITE,
-        "unidist does not wrap your code in a context manager: start the processes with "
-        "`unidist launch -n N script.py` (it takes torchrun's options too), or from Python "
-        "with `unidist.spawn(fn, *args, nproc=N)`, which returns every rank's result. Inside, "
-        "call unidist.initialize() (or nothing: the first collective adopts the group).",
+        "`unidist launch -n N script.py` (it takes torchrun's options too), or "
+        "`unidist.spawn(fn, *args, nproc=N)` from Python (it returns every rank's result): "
+        "unidist does not wrap your code in a context manager; inside, call "
+        "unidist.initialize() (or nothing: the first collective adopts the group)",
     ),
     "get_nproc_per_node": (_IGNITE, "unidist.get_local_world_size()"),
     "get_nnodes": (_IGNITE, "unidist.get_num_nodes()"),
