@@ -284,12 +284,15 @@ def store_keys_over_steps() -> list[int]:
     with OOMBudget({1: 3}).attach(model.module):
         for step in range(30):
             mb.step(data(step, 8), mse(model))
-            if step in (5, 29):
+            if step in (5, 17, 29):
                 unidist.barrier()
                 counts.append(plane._store.num_keys())
     return counts
 
 
 def test_votes_and_flags_do_not_grow_the_store() -> None:
-    for early, late in run_distributed(store_keys_over_steps):
-        assert late <= early  # 24 more votes (and 2 x 24 keys without the clean-up)
+    # The first calls are still filling the fixed set of keys (each kind's two slots and its last
+    # outcomes: a run once counted 5 keys at step 5 and 6 ever after), so compare two later
+    # points, 12 votes apart, once every kind of call has run several times.
+    for _, early, late in run_distributed(store_keys_over_steps):
+        assert late <= early  # 12 more votes (and 2 x 12 keys without the clean-up)

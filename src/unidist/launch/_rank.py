@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib
 import os
 import signal
 import socket
@@ -73,6 +74,7 @@ def prepare_rank(python: bool = True) -> None:
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
         _defer_group_destruction()
         _prefix_store_by_attempt()
+        _bind_group_store_to_master_addr()
     _write("start", {})
 
 
@@ -151,7 +153,10 @@ def _prefix_store_by_attempt() -> None:
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
         return
     import torch.distributed as dist
-    import torch.distributed.rendezvous as rendezvous
+
+    # importlib: ``import torch.distributed.rendezvous as m`` binds the *function* that
+    # torch.distributed re-exports under the module's name, not the module.
+    rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
 
     create = getattr(rendezvous, "_create_c10d_store", None)
     if create is None:  # a torch that changed this: nothing to patch
@@ -161,6 +166,76 @@ def _prefix_store_by_attempt() -> None:
         return dist.PrefixStore(f"/unidist/attempt_{attempt}", create(*args, **kwargs))
 
     rendezvous._create_c10d_store = create_with_prefix
+
+
+def _bind_group_store_to_master_addr() -> None:
+    """On one node, rank 0's store for the process group listens on ``MASTER_ADDR`` only.
+
+    The launcher gives every rendezvous round a fresh store hosted by rank 0 (see
+    ``runner._exports``), and torch binds that ``TCPStore`` server on every interface (``::``),
+    open to other hosts. When every rank runs on this node, every client resolves ``MASTER_ADDR``
+    here, so rank 0 can listen on exactly that address instead: it hands torch a socket bound
+    there (``master_listen_fd``; on torch < 2.8 with torch's older server, which is the only one
+    that accepts it, see :data:`unidist._workarounds.LIBUV_STORE_LISTEN_FD`). Across nodes torch's
+    own behaviour stays: a host name can resolve to a loopback alias on its own host
+    (``127.0.1.1``) and to a routable address elsewhere, so only the wildcard is safe there.
+    """
+    env = os.environ
+    if (
+        env.get("RANK") != "0"
+        or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        or env.get("LOCAL_WORLD_SIZE") != env.get("WORLD_SIZE")
+    ):
+        return
+    import torch.distributed as dist
+
+    # importlib: ``import torch.distributed.rendezvous as m`` binds the *function* that
+    # torch.distributed re-exports under the module's name, not the module.
+    rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
+
+    from unidist._workarounds import LIBUV_STORE_LISTEN_FD
+
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:  # a torch that changed this: nothing to patch
+        return
+
+    def create_bound(
+        hostname: str, port: int, rank: int, world_size: int, timeout: Any, use_libuv: bool = True
+    ) -> Any:
+        listener = _listen_exactly(hostname, port) if rank == 0 else None
+        if listener is None:  # another rank, or an address that is not ours: torch's way
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        return dist.TCPStore(
+            hostname,
+            port,
+            world_size,
+            True,
+            timeout=timeout,
+            multi_tenant=True,
+            master_listen_fd=listener.detach(),  # TCPStore owns and closes it
+            use_libuv=use_libuv and not LIBUV_STORE_LISTEN_FD.present(),
+        )
+
+    rendezvous._create_c10d_store = create_bound
+
+
+def _listen_exactly(host: str, port: int) -> socket.socket | None:
+    """A socket listening on ``host:port`` (the first address ``host`` resolves to), or None."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return None
+    for family, kind, proto, _, address in infos:
+        listener = socket.socket(family, kind, proto)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's server
+            listener.bind(address)
+            listener.listen(4096)
+        except OSError:
+            listener.close()
+            continue
+        return listener
+    return None
 
 
 def classify(exc: BaseException) -> str:
