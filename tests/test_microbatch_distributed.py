@@ -291,8 +291,9 @@ def store_keys_over_steps() -> list[int]:
 
 
 def test_votes_and_flags_do_not_grow_the_store() -> None:
-    # The first calls are still filling the fixed set of keys (each kind's two slots and its last
-    # outcomes: a run once counted 5 keys at step 5 and 6 ever after), so compare two later
-    # points, 12 votes apart, once every kind of call has run several times.
-    for _, early, late in run_distributed(store_keys_over_steps):
-        assert late <= early  # 12 more votes (and 2 x 12 keys without the clean-up)
+    # Growth would show as at least one key per vote (12 votes between two points; 2 x 12 keys
+    # without the clean-up). One key's presence depends on timing when the count is read (an
+    # outcome is deleted lazily, by the first rank to arrive at a later call: 5 or 6 keys in
+    # runs on a loaded machine), so the counts may differ by one, never more.
+    for counts in run_distributed(store_keys_over_steps):
+        assert max(counts) - min(counts) <= 1, counts
