@@ -17,7 +17,7 @@ from typing import Any
 from unidist._workarounds import LIBUV_STORE_LISTEN_FD
 from unidist.errors import ConfigurationError
 
-__all__ = ["LOOPBACK", "connect", "serve"]
+__all__ = ["LOOPBACK", "bind", "connect", "serve"]
 
 LOOPBACK = ("127.0.0.1", "::1")
 #: Pending connections the listening socket queues (every rank connects at start-up).
@@ -35,7 +35,7 @@ def serve(hosts: tuple[str, ...], timeout: timedelta) -> tuple[Any, str]:
     """
     import torch.distributed as dist
 
-    listener, address = _bind(hosts)
+    listener, address = bind(hosts)
     port = listener.getsockname()[1]
     # TCPStore takes the socket over (it closes the descriptor when it stops).
     store = dist.TCPStore(
@@ -60,12 +60,18 @@ def connect(address: str, port: int, timeout: timedelta) -> Any:
     )
 
 
-def _bind(hosts: tuple[str, ...]) -> tuple[socket.socket, str]:
-    """A listening socket on a free port of the first bindable address among ``hosts``."""
+def bind(hosts: tuple[str, ...], port: int = 0) -> tuple[socket.socket, str]:
+    """A socket listening on ``port`` (0: a free one) of the first bindable address of ``hosts``.
+
+    Raises:
+        ConfigurationError: no address of ``hosts`` could be bound, with what was tried.
+    """
     tried: list[str] = []
     for host in hosts:
         try:
-            infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+            infos = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+            )
         except OSError as exc:
             tried.append(f"{host} ({exc})")
             continue

@@ -180,12 +180,10 @@ def _bind_group_store_to_master_addr() -> None:
     own behaviour stays: a host name can resolve to a loopback alias on its own host
     (``127.0.1.1``) and to a routable address elsewhere, so only the wildcard is safe there.
     """
-    env = os.environ
-    if (
-        env.get("RANK") != "0"
-        or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        or env.get("LOCAL_WORLD_SIZE") != env.get("WORLD_SIZE")
-    ):
+    from unidist import _env
+
+    reading = _env.read()
+    if reading.rank != 0 or reading.agent_store or reading.local_world_size != reading.world_size:
         return
     import torch.distributed as dist
 
@@ -193,7 +191,9 @@ def _bind_group_store_to_master_addr() -> None:
     # torch.distributed re-exports under the module's name, not the module.
     rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
 
+    from unidist._comm import listen
     from unidist._workarounds import LIBUV_STORE_LISTEN_FD
+    from unidist.errors import ConfigurationError
 
     create = getattr(rendezvous, "_create_c10d_store", None)
     if create is None:  # a torch that changed this: nothing to patch
@@ -202,8 +202,11 @@ def _bind_group_store_to_master_addr() -> None:
     def create_bound(
         hostname: str, port: int, rank: int, world_size: int, timeout: Any, use_libuv: bool = True
     ) -> Any:
-        listener = _listen_exactly(hostname, port) if rank == 0 else None
-        if listener is None:  # another rank, or an address that is not ours: torch's way
+        if rank != 0:  # a client: torch's way
+            return create(hostname, port, rank, world_size, timeout, use_libuv)
+        try:
+            listener, _ = listen.bind((hostname,), port)
+        except ConfigurationError:  # an address that is not this host's: torch's way
             return create(hostname, port, rank, world_size, timeout, use_libuv)
         return dist.TCPStore(
             hostname,
@@ -217,25 +220,6 @@ def _bind_group_store_to_master_addr() -> None:
         )
 
     rendezvous._create_c10d_store = create_bound
-
-
-def _listen_exactly(host: str, port: int) -> socket.socket | None:
-    """A socket listening on ``host:port`` (the first address ``host`` resolves to), or None."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    except OSError:
-        return None
-    for family, kind, proto, _, address in infos:
-        listener = socket.socket(family, kind, proto)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's server
-            listener.bind(address)
-            listener.listen(4096)
-        except OSError:
-            listener.close()
-            continue
-        return listener
-    return None
 
 
 def classify(exc: BaseException) -> str:
