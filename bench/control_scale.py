@@ -221,12 +221,14 @@ def run_job(
 ) -> dict[str, Any]:
     members = tuple(range(world))
     timeout = timedelta(seconds=SECONDS)
-    stores = [
-        Counting(old_client(port) if old else listen.connect(address, port, timeout)) for _ in ranks
-    ]
+    links = [None if old else listen.connect(address, port, timeout) for _ in ranks]
+    stores = [Counting(old_client(port) if link is None else link.store) for link in links]
+    for link, store in zip(links, stores, strict=True):
+        if link is not None:
+            link.store = store  # the plane's round trips are counted too
     planes = [
-        OldPlane(store, rank) if old else ControlPlane(store, rank, secret)
-        for store, rank in zip(stores, ranks, strict=True)
+        OldPlane(store, rank) if link is None else ControlPlane(link, rank, secret)
+        for store, rank, link in zip(stores, ranks, links, strict=True)
     ]
     floors = [Floor(store, rank) for store, rank in zip(stores, ranks, strict=True)]
     go, done = threading.Barrier(len(ranks) + 1), threading.Barrier(len(ranks) + 1)
@@ -269,7 +271,8 @@ def simulate(pool: list[Any], sync_all: Any, old: bool, world: int, calls: int) 
     if old:
         server, address = old_server(), "127.0.0.1"
     else:
-        server, address = listen.serve(listen.LOOPBACK, timedelta(seconds=SECONDS))
+        served, address = listen.serve(listen.LOOPBACK, timedelta(seconds=SECONDS))
+        server = served.store
     for index, (inbox, _) in enumerate(pool):
         ranks = list(range(index, world, WORKERS))
         job = {"old": old, "port": server.port, "address": address, "secret": secret}

@@ -61,12 +61,15 @@ class Ranks:
 
     def __init__(self, world: int) -> None:
         timeout = timedelta(seconds=60)
-        self.server, address = listen.serve(listen.LOOPBACK, timeout)
+        self.served, address = listen.serve(listen.LOOPBACK, timeout)
+        self.server = self.served.store
         secret = new_secret()
-        self.clients = [
-            Counting(listen.connect(address, self.server.port, timeout)) for _ in range(world)
-        ]
-        self.planes = [ControlPlane(client, r, secret) for r, client in enumerate(self.clients)]
+        self.links = [listen.connect(address, self.server.port, timeout) for _ in range(world)]
+        self.clients = []
+        for link in self.links:
+            link.store = Counting(link.store)
+            self.clients.append(link.store)
+        self.planes = [ControlPlane(link, r, secret) for r, link in enumerate(self.links)]
         self.members = tuple(range(world))
 
     def run(self, body: Callable[[int, ControlPlane], Any], ranks: list[int] | None = None) -> list:
@@ -217,22 +220,145 @@ def test_one_unusual_value_among_many_is_read_and_counted() -> None:
     assert reads_of_arrivals(ranks) == 2
 
 
+def count_of(ranks: Ranks, key: str) -> int:
+    """The count ``key`` as another process reads it (0 before it exists)."""
+    data = bytes(ranks.server.compare_set(key, b"\xff", b"\xff"))
+    return 0 if data == b"\xff" else int(data)
+
+
+class Staged:
+    """Ranks that arrive one after another, and a stranger that adds to the count in between.
+
+    The stranger knows the key names (from torch 2.10 on anyone can list them) and reads the
+    count between arrivals, so it knows what each rank added.
+    """
+
+    def __init__(self, ranks: Ranks, kind: str) -> None:
+        self.ranks = ranks
+        self.key = ranks.planes[0]._sequence(kind, ranks.members).counts[1]  # generation 1
+        self.results: dict[int, Any] = {}
+        self.threads: list[threading.Thread] = []
+        self.added: list[int] = []  # what each arrival added, as the stranger saw it
+
+    def arrive(self, rank: int, body: Callable[[int, ControlPlane], Any]) -> None:
+        """Start ``rank`` and return once its arrival is counted."""
+        before = count_of(self.ranks, self.key)
+
+        def one() -> None:
+            try:
+                self.results[rank] = body(rank, self.ranks.planes[rank])
+            except BaseException as exc:  # the test looks at it
+                self.results[rank] = exc
+
+        thread = threading.Thread(target=one, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        deadline = time.monotonic() + 10
+        while (now := count_of(self.ranks, self.key)) == before and rank not in self.results:
+            assert time.monotonic() < deadline, f"rank {rank} never arrived"
+            time.sleep(0.001)
+        self.added.append(now - before)
+
+    def add(self, amount: int) -> None:
+        self.ranks.server.add(self.key, amount)
+
+    def finish(self) -> list[Any]:
+        for thread in self.threads:
+            thread.join(30)
+        assert not any(thread.is_alive() for thread in self.threads), "a simulated rank hangs"
+        return [self.results[rank] for rank in self.ranks.members]
+
+
+def failing_first(rank: int, plane: ControlPlane) -> Json:
+    """one_rank_first's exchange: rank 0 ran the block first and failed."""
+    return plane.exchange((0, 1, 2), "boom" if rank == 0 else None, rank == 0, [0], 3, "first")
+
+
+@pytest.mark.parametrize("attack", ["swap", "extra", "undo"])
+def test_a_stranger_who_reads_the_count_cannot_cancel_a_failing_ranks_value(attack: str) -> None:
+    # Before: the count was a multiple of a secret K, and a failing rank added K * 2**21 more;
+    # anyone who read the count could subtract the mark, and the others ran the block.
+    staged = Staged(Ranks(3), "agree")
+    staged.arrive(0, failing_first)
+    if attack == "extra":  # one more arrival's worth: the next rank sees everyone arrived
+        staged.add(staged.added[0])
+    staged.arrive(1, failing_first)
+    if attack == "swap":  # rank 0's contribution replaced by a rank's usual one
+        staged.add(staged.added[1] - staged.added[0])
+    if attack == "undo":
+        staged.add(-staged.added[0])
+    staged.arrive(2, failing_first)
+    for rank, result in enumerate(staged.finish()):
+        # The decision is rank 0's failure, or an error; never "rank 0 is done".
+        if not isinstance(result, BaseException):
+            assert result == {0: "boom"}, f"rank {rank} was told {result}"
+        else:
+            assert isinstance(result, (RemoteError, DistributedTimeoutError)), result
+
+
+def timed_barrier(rank: int, plane: ControlPlane) -> Json:
+    plane.barrier((0, 1, 2), 1.5, "barrier")
+    return "passed"
+
+
+def test_a_stranger_adding_one_arrival_cannot_open_a_timed_barrier_early() -> None:
+    staged = Staged(Ranks(3), "barrier")
+    staged.arrive(0, timed_barrier)
+    staged.add(staged.added[0])  # one arrival's worth: rank 1's add reads "all 3 arrived"
+    staged.arrive(1, timed_barrier)
+    for thread in staged.threads:
+        thread.join(10)
+    early = [staged.results.get(0), staged.results.get(1)]
+    assert "passed" not in early, "ranks passed the barrier before rank 2 arrived"
+    for result in early:
+        assert isinstance(result, RemoteError), result
+        assert "holds data this job did not write" in str(result)
+    staged.arrive(2, timed_barrier)
+    assert isinstance(staged.finish()[2], (RemoteError, DistributedTimeoutError))
+
+
 @pytest.mark.parametrize("added", [1, -1, 2**20 + 3])
-def test_a_stranger_adding_to_the_count_ends_the_fast_path_with_an_error(added: int) -> None:
+def test_a_stranger_adding_to_the_count_gets_an_error_never_a_decision(added: int) -> None:
     ranks = Ranks(8)
     sequence = ranks.planes[0]._sequence("agree", ranks.members)
-    # Even with the secret key name, an addition that is not the job's own ends the call with
-    # the same error on every rank: never a decision that skipped a rank's (unusual) value.
+    # Even with the key name, an addition that is not the job's own ends the call with an
+    # error (or a timeout, when no rank's count reads "all arrived"), or with the decision the
+    # sealed records make: never one that skipped a rank's (unusual) value.
     ranks.server.add(sequence.counts[1], added)
     oom = Vote("oom", 8, 64, "too big").to_json()
 
     def vote(rank: int, plane: ControlPlane) -> Json:
         mine = oom if rank == 7 else OK
-        return plane.agree(ranks.members, mine, tally.combine, 10, "vote", Usual(OK))
+        return plane.agree(ranks.members, mine, tally.combine, 2, "vote", Usual(OK))
 
     for result in ranks.run(vote):
+        if isinstance(result, RemoteError):
+            assert "holds data this job did not write" in str(result)
+        elif isinstance(result, DistributedTimeoutError):
+            assert "another process changed the count" in str(result)
+        else:  # a rank that looked early and found every sealed record: the true decision
+            assert tally.Tally.from_json(result).oom_ranks == (7,), result
+
+
+def test_a_flag_counts_only_with_the_jobs_seal() -> None:
+    ranks = Ranks(2)
+    key = ranks.planes[0]._seal.name("flag/microbatch/1/1")  # a name anyone may list
+    ranks.server.set(key, b"1")
+    assert not ranks.planes[1].flag_is_raised("microbatch/1/1")
+    ranks.planes[0].raise_flag("microbatch/1/1")
+    assert ranks.planes[1].flag_is_raised("microbatch/1/1")
+    ranks.planes[0].lower_flag("microbatch/1/1")
+    assert not ranks.planes[1].flag_is_raised("microbatch/1/1")
+
+
+def test_arrivals_larger_than_the_ranks_can_write_are_refused_unparsed() -> None:
+    ranks = Ranks(2)
+    sequence = ranks.planes[0]._sequence("agree", ranks.members)
+    ranks.server.append(sequence.arrivals[1], b"\x00" * (2 * 70 * 1024))
+    results = ranks.run(lambda rank, plane: plane.agree(ranks.members, 1, sum_values, 10, "sum"))
+    for result in results:
         assert isinstance(result, RemoteError), result
-        assert "holds data this job did not write" in str(result)
+        assert "bytes of arrivals, more than 2 ranks can write" in str(result)
 
 
 def test_ranks_that_declare_different_usual_values_get_an_error_not_a_decision() -> None:

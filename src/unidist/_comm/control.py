@@ -8,41 +8,50 @@ wait leaves nothing behind, and the arrivals recorded so far name the ranks that
 
 **The protocol** is linear in the world size W: every call costs each rank O(1) store
 operations and the store O(W) work in all, so it stays cheap at thousands of ranks. The ranks of
-a group count their calls (generation g) and use two slots, g % 2, of two keys each, and one key
-per generation for the outcome:
+a group count their calls (generation g) and use three slots, g % 3, of two keys each, and one
+key per generation for the outcome:
 
 1. Every rank appends a sealed record (its rank, g and its JSON value) to the slot's *arrivals*
    (``append`` sends without waiting for an answer), then adds to the slot's *count* (one
-   round trip). The rank whose ``add`` returns a total of W arrivals is the last to arrive.
-2. The last arrival reads the arrivals once, combines the values, and in one message empties
-   the other slot for generation g + 1 and writes the *outcome* of g. Every other rank waits
-   for the outcome (one wait; and one read, unless it is a barrier). Everyone gets the same
-   outcome, so everyone takes the same decision.
-3. No rank enters generation g + 1 before the outcome of g exists, so the slot it uses has been
-   emptied. The first rank to arrive at g, which waits anyway, deletes the outcome of g - 2:
-   every rank has read it, or it could not have arrived at g - 1. A rank that timed out first
-   waits, in its next call, for the generation it left (so a barrier retried after a timeout
-   keeps waiting for the same ranks). The store holds six keys per group, however long the job
-   runs.
+   round trip). The count says when to look, never what was decided: a rank whose ``add``
+   returns W arrivals reads the sealed records and decides from them alone.
+2. That rank combines the values and, in one message, empties the slot of generation g + 2 and
+   writes the sealed *outcome* of g. Every other rank waits for the outcome (one wait; and one
+   read, unless it is a barrier). Everyone gets the same outcome, so everyone takes the same
+   decision. Publishing is idempotent: were two ranks ever to conclude (another process adding
+   to the count can make an early rank see W arrivals), both write the same bytes, and the slot
+   they empty is one no rank can have reached yet (g + 2 needs every rank's arrival at g + 1,
+   which each sends after its own publication).
+3. No rank enters generation g + 1 before the outcome of g exists. The first rank to arrive at
+   g, which waits anyway, deletes the outcome of g - 2: every rank has read it, or it could not
+   have arrived at g - 1. A rank that timed out first waits, in its next call, for the
+   generation it left (so a barrier retried after a timeout keeps waiting for the same ranks).
+   The store holds seven keys per group, however long the job runs.
 
-**The fast path.** A barrier never reads the arrivals. An agreement need not either when every
-rank sent the value the caller declared :class:`Usual` (the MicroBatcher's "ok, same size as
-last step", ``one_rank_first``'s "done"): a rank with any other value adds a mark to the count
-with its arrival, so the last arrival knows from its ``add`` alone whether every value is the
-usual one, and then combines the usual values without reading them. Each rank adds a multiple of
-a number K drawn from the secret, the generation and the usual values (one arrival is K, an
-unusual value adds K * 2**21 more): a total that is not a multiple of K, or that counts more
-than W arrivals, ends the call with an error on every rank instead of a decision, so a process
-that adds to the count (it would need the secret key name first), or ranks that declared
-different usual values, cannot make the fast path skip a value.
+**The fast path.** A rank that sends the value the caller declared :class:`Usual` (the
+MicroBatcher's "ok, same size as last step", ``one_rank_first``'s "done", every barrier arrival)
+adds its secret *tag* to the count with its arrival (:meth:`~unidist._comm.wire.Sealer.tags`:
+a keyed hash of the call and the rank, above the arrival bits). A count that holds exactly W
+arrivals and the sum of every member's tag proves that every member sent its usual value, so the
+last rank combines the usual values without reading the records. Any other total makes it read
+the sealed records and decide from them; a total that the records do not add up to (another
+process added to the count) ends the call with an error on every rank. Nothing another process
+can add makes a count look complete without the secret: it would have to guess a tag (one
+chance in 2**39 at 1,024 ranks, 2**57 at 2, and a wrong guess is detected and fails the job).
 
 Only the error path costs more: a rank that times out reads the arrivals to name the ranks
 that are missing (every rank still appends its record, usual or not).
 
+**Deadlines.** Every round trip has one (:mod:`unidist._comm.link`): a stopped store host is
+named by every rank within the caller's timeout plus
+:data:`~unidist._comm.link.UNANSWERED_BOUND`.
+
 **Trust.** The store is reachable by other processes (see :mod:`unidist._comm.listen` for where
 it listens, and :mod:`unidist._comm.wire` for how keys and values are sealed): nothing read from
 it is unpickled, every value must carry the job's seal, and key names cannot be predicted
-without the job's secret, which rank 0 draws and sends over the process group.
+without the job's secret, which rank 0 draws and sends over the process group. From torch 2.10
+on another process can list the keys; it still cannot change a decision (above), only make the
+job fail.
 """
 
 from __future__ import annotations
@@ -54,9 +63,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 from unidist._comm import listen
+from unidist._comm.link import UNANSWERED_BOUND, Link
 from unidist._comm.wire import (
     MAX_OUTCOME_BYTES,
     SECRET_BYTES,
@@ -67,7 +76,7 @@ from unidist._comm.wire import (
     encode_json,
     new_secret,
 )
-from unidist.errors import DistributedTimeoutError, RemoteError
+from unidist.errors import DistributedTimeoutError, RemoteError, UnidistError
 
 __all__ = ["Combine", "ControlPlane", "Usual"]
 
@@ -75,17 +84,16 @@ __all__ = ["Combine", "ControlPlane", "Usual"]
 Combine = Callable[[dict[int, Json]], Json]
 #: Rank 0's start-up message: status, port, secret, address length (the address follows).
 _START = struct.Struct(f">BH{SECRET_BYTES}sB")
-#: Seconds the error path spends reading the arrivals to name the missing ranks.
-_DIAGNOSIS_SECONDS = 5.0
 #: ``compare_set`` with this expected value reads a key in one round trip without waiting (no
 #: stored value starts with 0xff: records start with a rank number below 2**24).
 _NEVER = b"\xffunidist-never"
 _SUCCESS = b'{"ok":null}'
-#: An unusual value adds ``_MARK`` arrivals' worth to the count (more than any world size).
-_MARK = 2**21
-#: Largest group with a fast path (the count must fit in a signed 64-bit integer: K < 2**21,
-#: and at most W * (1 + _MARK) arrivals' worth).
-_FAST_MAX_MEMBERS = 2**20
+#: Slots of arrivals and counts per group (see the protocol: the concluder empties g + 2's).
+_SLOTS = 3
+#: Largest group with a fast path: its tags keep at least 27 bits (see :func:`_layout`).
+_FAST_MAX_MEMBERS = 2**16
+#: What barriers declare usual: every arrival is (no values travel).
+_BARRIER_SPEC = b"barrier"
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,16 @@ class Usual:
         return encode_json([self.value, exceptions], "the usual values", MAX_OUTCOME_BYTES)
 
 
+def _layout(members: int) -> tuple[int, int]:
+    """(shift, bits): arrivals take the low ``shift`` bits of a count, tags ``bits`` above.
+
+    The sum of ``members`` arrivals and tags stays below 2**62, so no count overflows torch's
+    64-bit ``add``: 57 tag bits for 2 ranks, 39 for 1,024, 27 for 65,536.
+    """
+    width = members.bit_length()
+    return width + 1, 61 - 2 * width
+
+
 @dataclass
 class _Sequence:
     """One kind of call on one group, as this rank has counted it."""
@@ -133,8 +151,8 @@ class _Sequence:
     members: tuple[int, ...]
     #: Logical name of the group and kind (outcome keys are named from it).
     base: str
-    counts: tuple[str, str]
-    arrivals: tuple[str, str]
+    counts: tuple[str, ...]
+    arrivals: tuple[str, ...]
     generation: int = 0
     #: The generation this rank timed out of and has not seen the outcome of.
     unsettled: int | None = None
@@ -144,20 +162,27 @@ class _Sequence:
 
 @dataclass(frozen=True)
 class _Call:
-    """The keys of one generation."""
+    """The keys of one generation, and how this rank's arrival is counted."""
 
     generation: int
     members: tuple[int, ...]
     arrivals: str
     count: str
     outcome: str
+    #: Where a barrier's refusal goes (a barrier's outcome key only ever holds success).
+    refusal: str
+    #: The usual values' bytes (empty: no fast path), and the count's layout.
+    spec: bytes = b""
+    shift: int = 0
+    bits: int = 0
 
 
 class ControlPlane:
     """Barriers, agreements and flags over a store, each wait with its own deadline."""
 
-    def __init__(self, store: Any, rank: int, secret: bytes) -> None:
-        self._store = store
+    def __init__(self, link: Link, rank: int, secret: bytes) -> None:
+        self._link = link
+        self._store = link.store
         self._rank = rank
         self._seal = Sealer(secret)
         self._sequences: dict[tuple[str, tuple[int, ...]], _Sequence] = {}
@@ -174,7 +199,7 @@ class ControlPlane:
 
         Args:
             rank: this process's rank.
-            timeout: default timeout of store operations.
+            timeout: default timeout of store operations, and of connecting.
             hosts: where rank 0 may listen, in order of preference (see
                 :func:`unidist._comm.listen.serve`).
             share: ``share(message_or_None) -> message``, broadcasting rank 0's bytes over the
@@ -184,13 +209,14 @@ class ControlPlane:
             address, port, secret = _read_start(share(None))
             return cls(listen.connect(address, port, timeout), rank, secret)
         try:
-            store, address = listen.serve(hosts, timeout)
+            link, address = listen.serve(hosts, timeout)
         except Exception as exc:
             share(_failed_start(str(exc)))  # the others fail at once instead of waiting
             raise
         secret = new_secret()
-        share(_START.pack(1, store.port, secret, len(address.encode())) + address.encode())
-        return cls(store, rank, secret)
+        port = link.store.port
+        share(_START.pack(1, port, secret, len(address.encode())) + address.encode())
+        return cls(link, rank, secret)
 
     # -- agreements --------------------------------------------------------------------------
 
@@ -258,77 +284,85 @@ class ControlPlane:
         deadline = time.monotonic() + seconds
         sequence = self._sequence(kind, members)
         payload = encode_json(value, what) if combine is not None else b""
-        if len(members) > _FAST_MAX_MEMBERS:
-            usual = None
-        spec = usual.spec if usual is not None else b""
-        unusual = usual is not None and payload != usual.encoded(self._rank)
+        self._link.limit(seconds + UNANSWERED_BOUND)  # raises if the store stopped answering
         if sequence.unsettled is not None:  # finish the generation this rank timed out of
             self._await(self._call(sequence, sequence.unsettled), False, deadline, seconds, what)
             sequence.unsettled = None
+            self._link.limit(deadline - time.monotonic() + UNANSWERED_BOUND)
         sequence.generation += 1
-        call = self._call(sequence, sequence.generation)
+        call = self._call(sequence, sequence.generation, combine, usual)
+        contribution = 1
+        if call.spec and (combine is None or payload == usual.encoded(self._rank)):  # type: ignore[union-attr]
+            [tag] = self._seal.tags(call.count, call.generation, call.spec, [self._rank], call.bits)
+            contribution += tag << call.shift
         record = self._seal.record(call.arrivals, self._rank, call.generation, payload)
-        unit = self._seal.unit(call.count, call.generation, spec)
         try:
-            # The client keeps the timeout of its last wait, which may have been short.
-            self._store.set_timeout(timedelta(seconds=max(deadline - time.monotonic(), 1.0)))
             self._store.append(call.arrivals, record)
-            total = int(self._store.add(call.count, unit * (1 + _MARK * unusual)))
-        except RuntimeError as exc:
-            raise _store_gone(what, exc) from exc
-        marks, arrived = divmod(total // unit, _MARK)
-        if total % unit or not 0 < arrived <= len(members) or not 0 <= marks <= arrived:
-            # Another process added to the count, or the ranks declared different usual values.
-            found = f"a count of {total}, not one its ranks can add up to"
-            self._publish(sequence, call, _failure(_tampered(what, found, disagree=True)))
-        else:
+            total = int(self._store.add(call.count, contribution))
+            arrived = total & ((1 << call.shift) - 1) if call.spec else total
             if arrived == 1 and call.generation > 2:  # it waits anyway: let it tidy up
-                self._delete(self._call(sequence, call.generation - 2).outcome, what)
-            if arrived == len(members):
-                fast = usual if marks == 0 else None
-                return self._conclude(sequence, call, combine, what, fast, spec)
+                self._store.delete_key(self._call(sequence, call.generation - 2).outcome)
+        except RuntimeError as exc:
+            raise self._failed(exc, what) from exc
+        if arrived == len(members):  # time to look; the sealed records decide
+            decided = self._conclude(sequence, call, combine, usual, total, what)
+            if decided is not None:
+                return _unwrap(decode_json(decided))  # what the others read, to the same types
         try:
             return self._await(call, combine is not None, deadline, seconds, what)
         except DistributedTimeoutError:
-            sequence.unsettled = call.generation
+            if not self._link.broken:
+                sequence.unsettled = call.generation
             raise
-
-    def _delete(self, key: str, what: str) -> None:
-        try:
-            self._store.delete_key(key)
-        except RuntimeError as exc:
-            raise _store_gone(what, exc) from exc
 
     def _conclude(
         self,
         sequence: _Sequence,
         call: _Call,
         combine: Combine | None,
-        what: str,
         usual: Usual | None,
-        spec: bytes,
-    ) -> Json:
-        """On the last rank to arrive: combine the values and publish the outcome.
+        total: int,
+        what: str,
+    ) -> bytes | None:
+        """On the rank whose count says every member arrived: decide, and publish the outcome.
 
-        With ``usual`` (every rank counted its value as the usual one), the values are not read.
+        Returns the published outcome, or None if the records show that some member has not
+        arrived after all (then this rank waits for the outcome like the others).
         """
+        members = call.members
+        tags: list[int] = []
+        if call.spec:
+            tags = self._seal.tags(call.count, call.generation, call.spec, members, call.bits)
+            if total == len(members) + (sum(tags) << call.shift):
+                # Every member added its tag: every value is the usual one; no need to read.
+                if combine is None:
+                    return self._publish(sequence, call, _SUCCESS)
+                assert usual is not None
+                if sequence.fast is None or sequence.fast[:2] != (call.spec, combine):
+                    outcome = self._combined(combine, usual.decoded(members), what)
+                    sequence.fast = (call.spec, combine, outcome)
+                return self._publish(sequence, call, sequence.fast[2])
+        records = self._read_arrivals(call, what)
+        missing = sorted(set(members) - set(records.payloads))
+        if records.problems or missing:
+            # Every rank appends before it counts itself, and the store applies one client's
+            # messages in order: a count of W with a record missing was added to by another
+            # process.
+            problems = [*records.problems, *([f"no record of rank(s) {missing}"] * bool(missing))]
+            return self._refuse(sequence, call, "; ".join(problems), what)
+        expected = len(members)
+        for rank, tag in zip(members, tags, strict=False):  # no tags: no fast path
+            if combine is None or records.payloads[rank] == usual.encoded(rank):  # type: ignore[union-attr]
+                expected += tag << call.shift
+        if total != expected:
+            found = f"a count of {total}, not what the ranks' sealed records add up to"
+            return self._refuse(sequence, call, found, what, disagree=True)
         if combine is None:
             return self._publish(sequence, call, _SUCCESS)
-        if usual is not None:
-            if sequence.fast is None or sequence.fast[:2] != (spec, combine):
-                outcome = self._combined(combine, usual.decoded(call.members), what)
-                sequence.fast = (spec, combine, outcome)
-            return self._publish(sequence, call, sequence.fast[2])
-        records = self._read_arrivals(call, what)
-        missing = sorted(set(call.members) - set(records.payloads))
-        if records.problems or missing:
-            problems = [*records.problems, *([f"no record from rank(s) {missing}"] * bool(missing))]
-            failure = _failure(_tampered(what, "; ".join(problems)))
-            return self._publish(sequence, call, failure)
         # Ranks mostly send the same bytes (every vote "ok"): decode each distinct value once.
         decoded: dict[bytes, Json] = {}
         values: dict[int, Json] = {}
-        for rank in call.members:
+        for rank in members:
             payload = records.payloads[rank]
             if payload not in decoded:
                 decoded[payload] = decode_json(payload)
@@ -342,24 +376,42 @@ class ControlPlane:
         except Exception as exc:  # every rank must hear about it, not only this one
             return _failure(f"{what}: rank {self._rank} could not combine the values: {exc}")
 
-    def _publish(self, sequence: _Sequence, call: _Call, data: bytes) -> Json:
-        """Empty the other slot for the next generation, and publish the outcome (``data``).
+    def _publish(self, sequence: _Sequence, call: _Call, data: bytes, key: str = "") -> bytes:
+        """Empty the slot of generation g + 2, and publish the outcome ``data`` (under ``key``).
 
-        One message (``multi_set`` does not wait for an answer), applied in order: no rank can
-        enter the next generation before its slot is empty.
+        One message (``multi_set`` does not wait for an answer), applied in order. Returns the
+        outcome published.
         """
-        following = (call.generation + 1) % 2
-        keys = [sequence.arrivals[following], sequence.counts[following], call.outcome]
+        following = (call.generation + 2) % _SLOTS
+        keys = [sequence.arrivals[following], sequence.counts[following], key or call.outcome]
         try:
-            self._store.multi_set(keys, [b"", b"0", self._seal.seal(call.outcome, data)])
+            self._store.multi_set(keys, [b"", b"0", self._seal.seal(keys[2], data)])
         except RuntimeError as exc:
-            raise _store_gone("publishing an outcome", exc) from exc
-        return _unwrap(decode_json(data))  # what the other ranks read, to the same types
+            raise self._failed(exc, "publishing an outcome") from exc
+        return data
+
+    def _refuse(
+        self, sequence: _Sequence, call: _Call, found: str, what: str, disagree: bool = False
+    ) -> bytes:
+        """End the call with an error on every rank: the store holds what the job did not write.
+
+        An agreement publishes the error as its outcome. A barrier's outcome is its existence,
+        so the error goes to another key, which the others read when their wait runs out.
+        """
+        failure = _failure(_tampered(what, found, disagree))
+        if call.spec != _BARRIER_SPEC:
+            return self._publish(sequence, call, failure)
+        self._publish(sequence, call, failure, call.refusal)
+        _unwrap(decode_json(failure))  # raises
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _await(self, call: _Call, read: bool, deadline: float, seconds: float, what: str) -> Json:
         """Wait for the outcome of ``call`` (at most until ``deadline``), and read it."""
         # Never zero: torch reads a zero timeout as "wait forever".
         left = timedelta(seconds=max(deadline - time.monotonic(), 0.001))
+        # torch waits ``left`` for the key, then reads the server's answer: a live server answers
+        # at once, a stopped one never, which the link's limit turns into an error.
+        self._link.limit(UNANSWERED_BOUND)
         try:
             if not read:  # a barrier: the outcome's existence is the whole message
                 self._store.wait([call.outcome], left)
@@ -367,41 +419,62 @@ class ControlPlane:
             self._store.set_timeout(left)
             data = bytes(self._store.get(call.outcome))
         except RuntimeError as exc:
-            if "timeout" not in str(exc).lower():
-                raise _store_gone(what, exc) from exc
-            raise self._timed_out(call, seconds, what) from exc
+            if type(exc).__name__ == "DistStoreError" and "timeout" in str(exc).lower():
+                raise self._timed_out(call, seconds, what) from exc
+            raise self._failed(exc, what) from exc
         payload = self._seal.open(call.outcome, data)
         if payload is None:
             raise RemoteError(_tampered(what, "an outcome without this job's seal"))
         return _unwrap(decode_json(payload))
 
+    def _read(self, key: str) -> bytes | None:
+        """The value of ``key`` in one round trip, without waiting; None if there is none."""
+        data = bytes(self._store.compare_set(key, _NEVER, _NEVER))
+        return None if data == _NEVER else data
+
     def _read_arrivals(self, call: _Call, what: str) -> Records:
         """The records of ``call`` (one round trip, no waiting: this rank's record is there)."""
         try:
-            data = bytes(self._store.compare_set(call.arrivals, _NEVER, _NEVER))
+            data = self._read(call.arrivals) or b""
         except RuntimeError as exc:
-            raise _store_gone(what, exc) from exc
-        if data == _NEVER:
-            data = b""
+            raise self._failed(exc, what) from exc
         return self._seal.read_records(call.arrivals, data, call.generation, call.members)
 
-    def _timed_out(self, call: _Call, seconds: float, what: str) -> DistributedTimeoutError:
+    def _timed_out(self, call: _Call, seconds: float, what: str) -> UnidistError:
         """The error for a wait that ran out: it names the ranks that never arrived."""
+        refusal = None
         try:
-            came = set(self._read_arrivals(call, what).payloads)
+            records = self._read_arrivals(call, what)
+            if call.spec == _BARRIER_SPEC:  # did the last rank refuse what the store held?
+                try:
+                    refusal = self._read(call.refusal)
+                except RuntimeError as exc:
+                    raise self._failed(exc, what) from exc
+        except DistributedTimeoutError as exc:  # the store's host stopped answering
+            return exc
         except RemoteError:
-            came = set()
-        missing = [rank for rank in call.members if rank not in came]
+            records = Records()
+        if refusal is not None and (payload := self._seal.open(call.refusal, refusal)):
+            try:
+                _unwrap(decode_json(payload))
+            except RemoteError as exc:
+                return exc
+        missing = [rank for rank in call.members if rank not in records.payloads]
         if not missing:
             return DistributedTimeoutError(
                 f"{what}: every rank arrived, but the outcome did not come within {seconds:g} "
-                "s. HINT: the last rank to arrive died before it published the outcome; look at "
-                "the logs of the ranks that stopped."
+                "s. HINT: the last rank to arrive died before it published the outcome (look at "
+                "the logs of the ranks that stopped), or another process changed the count of "
+                "arrivals (see the trust model in unidist's docs)."
             )
         return DistributedTimeoutError(
             f"{what}: rank(s) {missing} did not arrive within {seconds:g} s. HINT: they are "
             "stuck, slow or dead; look at their logs, or raise the timeout if only slow."
         )
+
+    def _failed(self, exc: BaseException, what: str) -> UnidistError:
+        """The error for a failed round trip: a store host that stopped answering, or gone."""
+        return self._link.unanswered(exc, what) or _store_gone(what, exc)
 
     def _sequence(self, kind: str, members: tuple[int, ...]) -> _Sequence:
         sequence = self._sequences.get((kind, members))
@@ -412,34 +485,70 @@ class ControlPlane:
             sequence = self._sequences[(kind, members)] = _Sequence(
                 members,
                 base,
-                counts=(name(f"{base}/count/0"), name(f"{base}/count/1")),
-                arrivals=(name(f"{base}/arrivals/0"), name(f"{base}/arrivals/1")),
+                counts=tuple(name(f"{base}/count/{slot}") for slot in range(_SLOTS)),
+                arrivals=tuple(name(f"{base}/arrivals/{slot}") for slot in range(_SLOTS)),
             )
         return sequence
 
-    def _call(self, sequence: _Sequence, generation: int) -> _Call:
-        slot = generation % 2
+    def _call(
+        self,
+        sequence: _Sequence,
+        generation: int,
+        combine: Combine | None = None,
+        usual: Usual | None = None,
+    ) -> _Call:
+        slot = generation % _SLOTS
+        name = self._seal.name
+        spec = b""
+        if len(sequence.members) <= _FAST_MAX_MEMBERS:
+            spec = _BARRIER_SPEC if sequence.base.startswith("barrier/") else b""
+            if usual is not None and combine is not None:
+                spec = usual.spec
+        shift, bits = _layout(len(sequence.members))
         return _Call(
             generation,
             sequence.members,
             sequence.arrivals[slot],
             sequence.counts[slot],
-            self._seal.name(f"{sequence.base}/outcome/{generation}"),
+            name(f"{sequence.base}/outcome/{generation}"),
+            name(f"{sequence.base}/refusal/{generation}"),
+            spec,
+            shift if spec else 0,
+            bits if spec else 0,
         )
 
     # -- flags -------------------------------------------------------------------------------
 
     def raise_flag(self, name: str) -> None:
         """Set the flag ``name`` (visible to every rank at once; it never waits)."""
-        self._store.set(self._seal.name(f"flag/{name}"), b"1")
+        key = self._seal.name(f"flag/{name}")
+        self._link.limit(UNANSWERED_BOUND)
+        try:
+            self._store.set(key, self._seal.seal(key, b"1"))
+        except RuntimeError as exc:
+            raise self._failed(exc, f"raising the flag {name}") from exc
 
     def flag_is_raised(self, name: str) -> bool:
-        """Whether some rank raised the flag ``name`` (one store round trip; never waits)."""
-        return bool(self._store.check([self._seal.name(f"flag/{name}")]))
+        """Whether some rank raised the flag ``name`` (one store round trip; never waits).
+
+        Only a value with the job's seal counts: another process that learnt the key's name
+        cannot raise the flag.
+        """
+        key = self._seal.name(f"flag/{name}")
+        self._link.limit(UNANSWERED_BOUND)
+        try:
+            data = self._read(key)
+        except RuntimeError as exc:
+            raise self._failed(exc, f"looking at the flag {name}") from exc
+        return data is not None and self._seal.open(key, data) == b"1"
 
     def lower_flag(self, name: str) -> None:
         """Delete the flag ``name`` (call it once no rank can still be looking at it)."""
-        self._store.delete_key(self._seal.name(f"flag/{name}"))
+        self._link.limit(UNANSWERED_BOUND)
+        try:
+            self._store.delete_key(self._seal.name(f"flag/{name}"))
+        except RuntimeError as exc:
+            raise self._failed(exc, f"lowering the flag {name}") from exc
 
 
 def _published(values: dict[int, Json]) -> Json:

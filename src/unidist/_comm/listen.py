@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
-from typing import Any
 
+from unidist._comm.link import Link, connect_within, find_connection, sockets
 from unidist._workarounds import LIBUV_STORE_LISTEN_FD
 from unidist.errors import ConfigurationError
 
@@ -24,11 +24,11 @@ LOOPBACK = ("127.0.0.1", "::1")
 _BACKLOG = 4096
 
 
-def serve(hosts: tuple[str, ...], timeout: timedelta) -> tuple[Any, str]:
+def serve(hosts: tuple[str, ...], timeout: timedelta) -> tuple[Link, str]:
     """Start a store server listening on the first of ``hosts`` that is an address of this host.
 
     Returns:
-        The store (a client of its own server too) and the address it listens on.
+        A link to the store (a client of its own server too) and the address it listens on.
 
     Raises:
         ConfigurationError: none of ``hosts`` is an address of this host.
@@ -37,6 +37,7 @@ def serve(hosts: tuple[str, ...], timeout: timedelta) -> tuple[Any, str]:
 
     listener, address = bind(hosts)
     port = listener.getsockname()[1]
+    before = sockets()
     # TCPStore takes the socket over (it closes the descriptor when it stops).
     store = dist.TCPStore(
         address,
@@ -48,16 +49,13 @@ def serve(hosts: tuple[str, ...], timeout: timedelta) -> tuple[Any, str]:
         master_listen_fd=listener.detach(),
         use_libuv=not LIBUV_STORE_LISTEN_FD.present(),
     )
-    return store, address
+    host = f"rank 0 at {address}:{port}"
+    return Link(store, host, find_connection(before, port)), address
 
 
-def connect(address: str, port: int, timeout: timedelta) -> Any:
-    """A client of the store that rank 0 serves at ``address``:``port``."""
-    import torch.distributed as dist
-
-    return dist.TCPStore(
-        address, port, None, False, timeout=timeout, use_libuv=not LIBUV_STORE_LISTEN_FD.present()
-    )
+def connect(address: str, port: int, timeout: timedelta) -> Link:
+    """A link to the store that rank 0 serves at ``address``:``port``, within ``timeout``."""
+    return connect_within(address, port, timeout, f"rank 0 at {address}:{port}")
 
 
 def bind(hosts: tuple[str, ...], port: int = 0) -> tuple[socket.socket, str]:

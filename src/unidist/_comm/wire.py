@@ -120,15 +120,27 @@ class Sealer:
             mac.update(part)
         return mac.digest()
 
-    def unit(self, key: str, generation: int, spec: bytes) -> int:
-        """What one arrival adds to the count ``key``: a number in [2**20, 2**21).
+    def tags(
+        self, key: str, generation: int, spec: bytes, ranks: Iterable[int], bits: int
+    ) -> list[int]:
+        """The arrival tags of ``ranks`` for one call: secret numbers of ``bits`` bits each.
 
-        Unpredictable without the secret, different for every generation and for every set of
-        usual values (``spec``): a count that is not a multiple of it was not written by this
-        job's ranks, or they did not agree on the usual values.
+        A rank that sent its usual value adds its tag to the count ``key`` (shifted above the
+        arrival count): the tags of a call are unpredictable without the secret and differ for
+        every generation, rank and set of usual values (``spec``), so a count that holds the sum
+        of every member's tag proves that every member sent its usual value, and nothing another
+        process can add to the count produces that sum except by guessing (one chance in
+        ``2**bits``).
         """
-        mac = self._mac(key, generation.to_bytes(8, "big"), spec)
-        return 2**20 + int.from_bytes(mac[:4], "big") % 2**20
+        base = hashlib.blake2b(key=self._secret, digest_size=8)
+        base.update(key.encode() + b"\0" + generation.to_bytes(8, "big"))
+        base.update(hashlib.blake2b(spec, digest_size=16).digest())
+        found = []
+        for rank in ranks:
+            one = base.copy()
+            one.update(rank.to_bytes(4, "big"))
+            found.append(int.from_bytes(one.digest(), "big") >> (64 - bits))
+        return found
 
     # -- one value per key (outcomes) --------------------------------------------------------
 
@@ -160,6 +172,12 @@ class Sealer:
         """
         allowed = set(ranks)
         found = Records()
+        most = len(allowed) * (_HEADER.size + MAX_RECORD_BYTES + _MAC_BYTES)
+        if len(data) > most:  # not parsed: more than the ranks can have written
+            found.problems.append(
+                f"{len(data)} bytes of arrivals, more than {len(allowed)} ranks can write ({most})"
+            )
+            return found
         offset = 0
         while offset < len(data):
             problem = self._one_record(key, data, offset, (generation, allowed), found)
