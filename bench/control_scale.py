@@ -347,8 +347,8 @@ def main() -> int:
     args = parser.parse_args()
     worlds = [2, 8, 32] if args.quick else [int(w) for w in args.worlds.split(",")]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # two descriptors per client
-    if max(worlds) * 2 + 64 > hard:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # three descriptors per client
+    if max(worlds) * 3 + 64 > hard:
         print(f"RLIMIT_NOFILE is {hard}: too low for {max(worlds)} clients", file=sys.stderr)
         return 1
     pool, sync_all = start_pool()

@@ -306,8 +306,7 @@ class ControlPlane:
             raise self._failed(exc, what) from exc
         if arrived == len(members):  # time to look; the sealed records decide
             decided = self._conclude(sequence, call, combine, usual, total, what)
-            if decided is not None:
-                return _unwrap(decode_json(decided))  # what the others read, to the same types
+            return _unwrap(decode_json(decided))  # what the others read, to the same types
         try:
             return self._await(call, combine is not None, deadline, seconds, what)
         except DistributedTimeoutError:
@@ -323,11 +322,11 @@ class ControlPlane:
         usual: Usual | None,
         total: int,
         what: str,
-    ) -> bytes | None:
+    ) -> bytes:
         """On the rank whose count says every member arrived: decide, and publish the outcome.
 
-        Returns the published outcome, or None if the records show that some member has not
-        arrived after all (then this rank waits for the outcome like the others).
+        Returns the published outcome (for a barrier that finds the store tampered with, it
+        raises instead: its outcome key only ever means success).
         """
         members = call.members
         tags: list[int] = []
