@@ -32,6 +32,7 @@ other node's launcher.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -173,7 +174,7 @@ class Relay(threading.Thread):
         """End the thread (its store connection with it)."""
         self._halt.set()
         self._wake.set()
-        self.join(timeout=DEADLINE + 1)
+        self.join(timeout=2 * DEADLINE + 1)
 
     def linger(self) -> None:
         """Before a failed launcher leaves: publish what is pending, wait for every node to see it.
@@ -226,6 +227,11 @@ class Relay(threading.Thread):
             import torch.distributed as dist
 
             host, port = self._address
+            # A plain connection first: torch's client retries a refused or silent address
+            # until its timeout, logging an error for each try, and cannot be interrupted at
+            # exit; the store is often gone at the end of a job (its host's launcher left).
+            with socket.create_connection((host, port), timeout=DEADLINE):
+                pass
             self._store = dist.TCPStore(
                 host,
                 port,
