@@ -94,6 +94,9 @@ def test_every_node_learns_the_culprit_and_the_first_stays(store_port: int) -> N
         b.publish(RAISED)
         assert received(a) == RAISED
         assert received(b) == RAISED
+        started = time.monotonic()
+        a.linger()  # a node that only learnt of it leaves as soon as every node has seen it
+        assert time.monotonic() - started < 1
         a.publish(replace(RAISED, rank=0, local_rank=0, node_rank=0, host="node-a"))
         time.sleep(relay.POLL * 2)
         assert a.received() == RAISED  # first writer wins: every node reports the same rank

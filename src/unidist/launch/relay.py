@@ -185,7 +185,10 @@ class Relay(threading.Thread):
         # The watchdog may not have published this node's failure yet (it looks every 50 ms).
         while time.monotonic() < deadline - LINGER + 0.5 and not self._known():
             time.sleep(0.05)
-        self._published.wait(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            pending = self._pending is not None
+        if pending:
+            self._published.wait(timeout=max(0.0, deadline - time.monotonic()))
         while time.monotonic() < deadline and not self._halt.is_set():
             with self._lock:
                 known, current = self._received is not None, self._round

@@ -188,10 +188,8 @@ def analyse(
         return Report(outcomes, None, 128 + signal.Signals[interrupted].value, interrupted)
     failures = [o for o in outcomes if o.status != "ok"]
     if seen.remote is not None:  # the whole job's culprit, the same on every node
-        remote = seen.remote
-        local = next((o.exit_code for o in sorted(failures, key=_when) if o.exit_code), None)
-        own = remote.status in _OWN and remote.exit_code
-        return Report(outcomes, remote, (remote.exit_code if own else local) or 1)
+        # Its exit code, not this node's: these ranks were stopped because of it.
+        return Report(outcomes, seen.remote, seen.remote.exit_code or 1)
     if not failures:
         if exit_codes:  # torch saw a failure the records cannot place: never report success
             return Report(outcomes, None, exit_code_of(next(iter(exit_codes.values()))) or 1)
