@@ -253,7 +253,9 @@ class _Watchdog(threading.Thread):
                 self._told = failed[0]
                 self.relay.publish(_failure(failed[0], node))
         remote = self.relay.received()
-        if remote is not None and remote.node_rank != node:
+        if remote is None or remote.node_rank == node:
+            self.seen.remote = None  # this node's own word replaced a wait published elsewhere
+        else:
             self.seen.remote = RankOutcome(
                 remote.rank,
                 remote.local_rank,
