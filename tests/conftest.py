@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from importlib.util import find_spec
@@ -46,7 +47,11 @@ def _netns_missing() -> str | None:
     for tool in ("ip", "unshare", "mount", "hostname"):
         if shutil.which(tool) is None:
             return f"no {tool} command"
-    return None
+    # Root in a container may still lack CAP_SYS_ADMIN: try (a namespace nobody else sees).
+    probe = subprocess.run(
+        ["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, timeout=10
+    )
+    return None if probe.returncode == 0 else "unshare --net fails here"
 
 
 #: marker -> (is the need met?, the skip reason when it is not)

@@ -9,11 +9,12 @@ where namespaces cannot be made.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -116,8 +117,6 @@ def finish(launchers: list[subprocess.Popen[str]], timeout: float) -> list[tuple
 
 def failed_at(log_dir: Path, rank: int) -> int:
     """When ``rank`` recorded its error (``time.time_ns``), from its record in the run folder."""
-    import json
-
     (record,) = log_dir.glob(f"*/.events/error-s0-r{rank}.json")
     return int(json.loads(record.read_text())["time_ns"])
 
@@ -156,7 +155,7 @@ def c10d_form(hosts: Hosts, port: int, node: int) -> list[str]:
 @pytest.mark.parametrize("wait", ["barrier", "allreduce"])
 @pytest.mark.parametrize("form", [static_form, c10d_form], ids=["static", "c10d"])
 def test_a_failure_on_one_host_stops_the_job_on_every_host(
-    hosts: Hosts, tmp_path: Path, wait: str, form: object
+    hosts: Hosts, tmp_path: Path, wait: str, form: Callable[[Hosts, int, int], list[str]]
 ) -> None:
     port = free_port()
     logs = [tmp_path / "node-a", tmp_path / "node-b"]
@@ -170,7 +169,7 @@ def test_a_failure_on_one_host_stops_the_job_on_every_host(
             str(logs[node]),
             FAILING_JOB,
             wait,
-        )  # type: ignore[operator]
+        )
         for node in (0, 1)
     ]
     outputs = finish(launchers, timeout=120)
