@@ -1,5 +1,5 @@
 """Hygiene for every test (a clean launcher environment, no leaked variables or process groups)
-and the one way a test states a need: the markers ``composer``, ``ignite`` and ``gpu``.
+and the one way a test states a need: the markers ``composer``, ``ignite``, ``gpu`` and ``netns``.
 
 A marked test is skipped, with a reason that says what is missing and how to get it, when its
 need is not met; nothing else may skip a test for a missing package. ``--allow-skips composer,gpu``
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from importlib.util import find_spec
@@ -38,6 +40,20 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def _netns_missing() -> str | None:
+    """Why network namespaces cannot be made here, or None."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "not root on Linux"
+    for tool in ("ip", "unshare", "mount", "hostname"):
+        if shutil.which(tool) is None:
+            return f"no {tool} command"
+    # Root in a container may still lack CAP_SYS_ADMIN: try (a namespace nobody else sees).
+    probe = subprocess.run(
+        ["unshare", "--net", "--uts", "--mount", "true"], capture_output=True, timeout=10
+    )
+    return None if probe.returncode == 0 else "unshare --net fails here"
+
+
 #: marker -> (is the need met?, the skip reason when it is not)
 _NEEDS = {
     "composer": (
@@ -50,6 +66,11 @@ _NEEDS = {
         "needs pytorch-ignite: pip install 'pytorch-unidist[ignite]'",
     ),
     "gpu": (lambda: _cuda_devices() > 0, "needs a CUDA device (found none)"),
+    "netns": (
+        lambda: _netns_missing() is None,
+        "needs network namespaces for hosts of its own: run the tests as root on Linux with "
+        "iproute2 (ip netns) and util-linux (unshare)",
+    ),
 }
 _ALLOWED = pytest.StashKey[str]()
 

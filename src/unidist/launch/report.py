@@ -6,7 +6,9 @@ order, often the SIGTERM of a healthy rank it stopped itself. Here each rank's o
 *why* it failed: its own exception, a crash, or a consequence of another rank (a collective whose
 peer went away, or a timeout waiting for one). The culprit is the earliest rank that failed on
 its own; if every failure was a wait, it is the rank the others were waiting for, the one the
-launcher found still running. Only the last start of the ranks counts: a failure that a restart
+launcher found still running (a rank frozen by SIGSTOP first). When a rank failed on another
+node, its launcher's word (relayed through the rendezvous store, :mod:`unidist.launch.relay`)
+names the culprit on every node. Only the last start of the ranks counts: a failure that a restart
 (``--max-restarts``) recovered from is history, not the outcome.
 """
 
@@ -24,7 +26,15 @@ from unidist.launch.records import Slot, Start
 if TYPE_CHECKING:
     from unidist.launch.plan import LaunchPlan
 
-__all__ = ["Observed", "RankOutcome", "Report", "analyse", "exit_code_of", "stack_excerpt"]
+__all__ = [
+    "Observed",
+    "RankOutcome",
+    "Report",
+    "analyse",
+    "exit_code_of",
+    "outcome_of",
+    "stack_excerpt",
+]
 
 _TAIL_LINES = 15
 _OWN = ("raised", "crashed", "hung")
@@ -43,6 +53,8 @@ class Observed:
     status: dict[int, int | None] = field(default_factory=dict)  # exit status (-N: signal)
     failed: set[int] = field(default_factory=set)  # exited with an error record or status
     hung: dict[int, int] = field(default_factory=dict)  # killed for not finishing in time
+    frozen: dict[int, int] = field(default_factory=dict)  # stopped (state T) when others failed
+    remote: RankOutcome | None = None  # the culprit on another node, as its launcher said
 
 
 @dataclass
@@ -58,6 +70,7 @@ class RankOutcome:
     time_ns: int | None
     stdout: Path
     stderr: Path
+    remote: bool = False  # on another node: its launcher told this one (stdout, stderr: there)
 
 
 @dataclass
@@ -100,10 +113,13 @@ class Report:
 
 def _describe(o: RankOutcome) -> str:
     code = "" if o.exit_code is None else f", exit code {o.exit_code}"
-    return f"rank {o.rank} (local rank {o.local_rank}) on {o.host}: {o.detail}{code}"
+    told = f" (reported by the launcher on {o.host})" if o.remote else ""
+    return f"rank {o.rank} (local rank {o.local_rank}) on {o.host}: {o.detail}{code}{told}"
 
 
 def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
+    if o.remote:
+        return [f"      full logs on {o.host}: {o.stderr}", f"                 {o.stdout}"]
     text = _read(o.stderr)
     stack = stack_excerpt(text, lines) if o.status in ("stopped", "hung") else []
     shown = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
@@ -171,11 +187,14 @@ def analyse(
     if interrupted:
         return Report(outcomes, None, 128 + signal.Signals[interrupted].value, interrupted)
     failures = [o for o in outcomes if o.status != "ok"]
+    if seen.remote is not None:  # the whole job's culprit, the same on every node
+        # Its exit code, not this node's: these ranks were stopped because of it.
+        return Report(outcomes, seen.remote, seen.remote.exit_code or 1)
     if not failures:
         if exit_codes:  # torch saw a failure the records cannot place: never report success
             return Report(outcomes, None, exit_code_of(next(iter(exit_codes.values()))) or 1)
         return Report(outcomes, None, 0)
-    culprit = _culprit(outcomes)
+    culprit = _culprit(outcomes, seen)
     code: int | None = next((o.exit_code for o in sorted(failures, key=_when) if o.exit_code), None)
     if culprit is not None and culprit.status in _OWN and culprit.exit_code:
         code = culprit.exit_code
@@ -215,16 +234,18 @@ def _when(o: RankOutcome) -> int:
     return o.time_ns if o.time_ns is not None else 2**63
 
 
-def _culprit(outcomes: list[RankOutcome]) -> RankOutcome | None:
+def _culprit(outcomes: list[RankOutcome], seen: Observed) -> RankOutcome | None:
     own = sorted((o for o in outcomes if o.status in _OWN), key=_when)
     if own:
         return own[0]
     waited = sorted((o for o in outcomes if o.status in _WAITED), key=_when)
     still_running = [o for o in outcomes if o.status == "stopped"]
+    still_running.sort(key=lambda o: o.rank not in seen.frozen)  # a frozen rank first
     if waited and still_running:
         suspect = still_running[0]
+        how = "frozen (stopped by SIGSTOP or a debugger)" if suspect.rank in seen.frozen else ""
         suspect.detail = (
-            f"still running when rank {waited[0].rank} gave up waiting for it "
+            f"{how or 'still running'} when rank {waited[0].rank} gave up waiting for it "
             f"({waited[0].detail}); stopped by the launcher, its stack is below"
         )
         return suspect
@@ -236,6 +257,13 @@ _ERROR_WORDS = {
     "collateral": "failed after another rank went away:",
     "timeout": "timed out waiting for another rank:",
 }
+
+
+def outcome_of(
+    slot: Slot, found: dict[tuple[str, int], dict[str, Any]], seen: Observed
+) -> RankOutcome:
+    """How one rank ended, from its records and what the watchdog saw so far."""
+    return _outcome(slot, found, None, seen)
 
 
 def _outcome(
@@ -261,6 +289,9 @@ def _outcome(
     gone = seen.gone.get(rank)
     stopped = seen.stopped.get(rank)
     if stopped is not None and (gone is None or stopped <= gone):
+        if rank in seen.frozen:
+            frozen = "frozen (process state T: SIGSTOP or a debugger) when another rank failed"
+            return outcome("stopped", f"{frozen}; woken and stopped by the launcher", stopped)
         return outcome("stopped", "stopped while still running", stopped)
     if raw is not None and raw != 0:
         if raw < 0:

@@ -6,7 +6,9 @@ unidist adds: a new private folder per run (:mod:`~unidist.launch.rundir`) with 
 files from templates (a ``LogsSpecs``), a console that copies the chosen ranks' files
 (:mod:`~unidist.launch.console`), a watchdog that stops the surviving ranks a moment after one
 fails (SIGTERM, then SIGKILL after ``grace``: torch waits 30 s), a final SIGKILL of every rank's
-process group so DataLoader workers of a crashed rank cannot linger, and the culprit report.
+process group so DataLoader workers of a crashed rank cannot linger, and the culprit report. On
+several nodes a relay (:mod:`~unidist.launch.relay`) tells every launcher of a rank that failed on
+another node, within about a second, and each stops its ranks and names that same culprit.
 
 A rank counts as failed only on evidence: its own error record, or a non-zero exit status. A
 rank that leaves with ``os._exit(0)`` while the others still work is not a failure (torchrun
@@ -30,11 +32,11 @@ from typing import Any
 
 from unidist import _env
 from unidist.errors import LaunchError
-from unidist.launch import records, rundir
+from unidist.launch import records, relay, rundir
 from unidist.launch.console import Console
 from unidist.launch.plan import LaunchPlan, probe_templates
 from unidist.launch.records import Slot, Start
-from unidist.launch.report import Observed, Report, analyse
+from unidist.launch.report import Observed, RankOutcome, Report, analyse, outcome_of
 
 __all__ = ["Run", "launch_config", "run", "script_command"]
 
@@ -49,6 +51,8 @@ class Run:
         self.console = console
         self.host = socket.gethostname()
         self.starts: list[Start] = []
+        #: start index -> its rendezvous round, the same string on every node (see relay).
+        self.rounds: dict[int, str] = {}
         self._lock = threading.Lock()
 
     @property
@@ -90,7 +94,14 @@ class Run:
                 for stream, path in (("stdout", slot.stdout), ("stderr", slot.stderr)):
                     if plan.console.shows(slot.rank, slot.local_rank, stream):
                         self.console.follow(path, stream, prefix)
+        env = next(iter(envs.values()), {})
+        generation = "{}-{}:{}".format(
+            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
+            env.get("MASTER_ADDR", ""),
+            env.get("MASTER_PORT", ""),
+        )
         with self._lock:
+            self.rounds[index] = generation
             self.starts.append(start)
         return start
 
@@ -149,9 +160,11 @@ def launch_config(run: Run) -> Any:
 class _Watchdog(threading.Thread):
     """Stops the survivors soon after a rank fails; records what it saw of the latest start."""
 
-    def __init__(self, run: Run) -> None:
+    def __init__(self, run: Run, messenger: relay.Relay | None = None) -> None:
         super().__init__(name="unidist-launch-watchdog", daemon=True)
         self.run_ = run
+        self.relay = messenger
+        self._told: RankOutcome | None = None  # what this node published to the relay
         self.seen = Observed()
         self.procs: dict[tuple[int, int], tuple[int, int | None]] = {}  # (start, rank) -> pid
         self._start = -1
@@ -165,9 +178,19 @@ class _Watchdog(threading.Thread):
         while not self._halt.wait(self._interval):
             self.scan()
 
+    def start(self) -> None:
+        super().start()
+        if self.relay is not None:
+            self.relay.start()
+
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=5)
+
+    def close(self) -> None:
+        """Stop the relay (after the last :meth:`scan`)."""
+        if self.relay is not None:
+            self.relay.stop()
 
     def scan(self) -> None:
         start = self.run_.current
@@ -175,7 +198,12 @@ class _Watchdog(threading.Thread):
             return
         if start.index != self._start:  # a restart: what was seen belongs to the old start
             self._start, self._deadline, self._exit_deadline = start.index, None, None
-            self.seen = Observed()
+            self.seen, self._told = Observed(), None
+            if self.relay is not None:
+                slot = next(iter(start.slots.values()))
+                self.relay.round(
+                    self.run_.rounds[start.index], slot.world_size, self.run_.plan.nproc
+                )
         found = records.read(self.run_.events, start.index)
         procs: dict[int, tuple[int, int | None]] = {}
         for slot in start.slots.values():
@@ -188,7 +216,9 @@ class _Watchdog(threading.Thread):
             )
             if slot.rank not in self.seen.gone:
                 self._check(slot.rank, procs[slot.rank], found)
-        if self.seen.failed and self._deadline is None:
+        if self.relay is not None:
+            self._relay(start, found)
+        if (self.seen.failed or self.seen.remote) and self._deadline is None:
             self._stop_survivors(procs, found)
         if self._deadline is not None and time.monotonic() > self._deadline:
             for rank, proc in procs.items():
@@ -206,16 +236,57 @@ class _Watchdog(threading.Thread):
         if ("error", rank) in found or (status is not None and not finished):
             self.seen.failed.add(rank)
 
+    def _relay(self, start: Start, found: dict[Any, Any]) -> None:
+        """Publish this node's first failure (a rank's own over a wait); take another node's."""
+        assert self.relay is not None
+        failed = [
+            outcome_of(start.slots[slot], found, self.seen)
+            for slot in sorted(start.slots)
+            if start.slots[slot].rank in self.seen.failed
+        ]
+        failed = [o for o in failed if o.status in relay.OWN + relay.WAITED]
+        failed.sort(key=lambda o: (o.status not in relay.OWN, o.time_ns or 0))
+        node = next(iter(start.slots.values())).node_rank
+        if failed:
+            own = failed[0].status in relay.OWN
+            if self._told is None or (own and self._told.status not in relay.OWN):
+                self._told = failed[0]
+                self.relay.publish(_failure(failed[0], node))
+        remote = self.relay.received()
+        if remote is None or remote.node_rank == node:
+            self.seen.remote = None  # this node's own word replaced a wait published elsewhere
+        else:
+            self.seen.remote = RankOutcome(
+                remote.rank,
+                remote.local_rank,
+                remote.host,
+                remote.kind,
+                remote.detail,
+                remote.exit_code,
+                remote.time_ns,
+                Path(remote.stdout),
+                Path(remote.stderr),
+                remote=True,
+            )
+
     def _stop_survivors(
         self, procs: dict[int, tuple[int, int | None]], found: dict[Any, Any]
     ) -> None:
-        """SIGTERM every rank still running (each dumps its stack); SIGKILL after ``grace``."""
+        """SIGTERM every rank still running (each dumps its stack); SIGKILL after ``grace``.
+
+        A rank frozen by SIGSTOP (or a debugger) does not act on SIGTERM: it is noted as frozen
+        for the report and sent SIGCONT right after, so that it dumps its stack and leaves; the
+        SIGKILL after ``grace`` ends it in any case.
+        """
         self._deadline = time.monotonic() + self.run_.plan.grace
         for rank, proc in procs.items():
             if rank in self.seen.gone or ("error", rank) in found:
                 continue  # gone, or already failing and on its way out (SIGKILL after grace)
             self.seen.stopped[rank] = time.time_ns()
+            if _frozen(proc[0]):
+                self.seen.frozen[rank] = self.seen.stopped[rank]
             _signal(proc, signal.SIGTERM)
+            _signal(proc, signal.SIGCONT)
 
     def _watch_exits(self, procs: dict[int, tuple[int, int | None]]) -> None:
         """After a rank finished, give the others ``exit_timeout`` to finish, then kill them."""
@@ -240,6 +311,28 @@ class _Watchdog(threading.Thread):
         """SIGKILL every rank's process group (leftover DataLoader workers included)."""
         for proc in self.procs.values():
             _signal(proc, signal.SIGKILL)
+
+
+def _failure(outcome: RankOutcome, node_rank: int) -> relay.Failure:
+    return relay.Failure(
+        rank=outcome.rank,
+        local_rank=outcome.local_rank,
+        node_rank=node_rank,
+        host=outcome.host,
+        kind=outcome.status,
+        detail="".join(c if c.isprintable() else " " for c in outcome.detail)[:500],
+        exit_code=outcome.exit_code,
+        time_ns=outcome.time_ns or time.time_ns(),
+        stdout=str(outcome.stdout),
+        stderr=str(outcome.stderr),
+    )
+
+
+def _frozen(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state T: SIGSTOP, SIGTSTP) or stopped by a tracer (t)."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    return False
 
 
 def _state(pid: int, pid_start: int | None) -> tuple[bool, int | None]:
@@ -312,7 +405,8 @@ def run(
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     console = Console(sys.stdout, sys.stderr) if plan.console.enabled else None
     job = Run(plan, folder, console)
-    watchdog = _Watchdog(job)
+    messenger = _relay_for(plan)
+    watchdog = _Watchdog(job, messenger)
     watchdog.start()
     if console is not None:
         console.start()
@@ -321,7 +415,7 @@ def run(
     results: dict[int, Any] = {}
     try:
         with _env.patched(_exports(plan), only_missing=False):
-            results = _launch(job, entrypoint, args)
+            results = _launch(job, entrypoint, args, messenger)
     except ChildFailedError as exc:
         exit_codes = {f.local_rank: f.exitcode for f in exc.failures.values()}
     except SignalException as exc:
@@ -337,16 +431,35 @@ def run(
         watchdog.stop()
         watchdog.scan()
         watchdog.sweep()
+        watchdog.close()
         if console is not None:
             console.close()
     report = analyse(job.current, job.events, exit_codes, watchdog.seen, plan, interrupted)
     return report, results, folder
 
 
-def _launch(job: Run, entrypoint: str | Callable[..., Any], args: list[Any]) -> dict[int, Any]:
+def _relay_for(plan: LaunchPlan) -> relay.Relay | None:
+    """The relay between the launchers of a job of several nodes, where the store allows one."""
+    rdzv = plan.rdzv
+    if rdzv.max_nodes == 1 or rdzv.backend not in ("static", "c10d"):
+        return None  # one node: nothing to tell; etcd and plugins: no TCPStore to share
+    return relay.Relay(rdzv.host.strip("[]"), rdzv.port, rdzv.run_id)
+
+
+def _launch(
+    job: Run, entrypoint: str | Callable[..., Any], args: list[Any], messenger: relay.Relay | None
+) -> dict[int, Any]:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    results: dict[int, Any] = elastic_launch(launch_config(job), entrypoint)(*args)
+    try:
+        results: dict[int, Any] = elastic_launch(launch_config(job), entrypoint)(*args)
+    except ChildFailedError:
+        if messenger is not None:
+            # Still handling the exception: its traceback keeps torch's agent, its rendezvous
+            # and the store this node may host alive while the other nodes read the culprit.
+            messenger.linger()
+        raise
     return results
 
 

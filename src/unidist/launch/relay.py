@@ -1,0 +1,297 @@
+"""Tell every node's launcher which rank failed, through the rendezvous store they already share.
+
+Without it, a rank that fails on one node is seen only by that node's launcher: the ranks of the
+other nodes wait until their own timeout (a ``barrier(timeout=60)``, or the process group's
+timeout in a collective) and their launcher then blames one of its own ranks. With it:
+
+* a launcher that sees one of its ranks fail publishes the culprit (rank, node, host, what it
+  raised or how it exited, when) under one key of the rendezvous store, first writer wins
+  (``compare_set``); a rank's own failure replaces a published wait (a timeout or a collective
+  broken by a peer), never the other way round;
+* every launcher looks for that key every ``POLL`` seconds (one ``check``, O(1) per launcher
+  whatever the number of nodes, each round trip with a deadline of ``DEADLINE`` seconds); on
+  seeing it, it stops its own ranks as after a local failure and reports the same culprit;
+* each launcher that has seen the record says so (one ``add``); a launcher leaving after a
+  failure waits, up to ``LINGER`` seconds, until every node has, because the store lives in one of
+  the launchers (node 0's for the static rendezvous, the endpoint host's for c10d) and goes with
+  it.
+
+The store is torch's: the static rendezvous's ``TCPStore`` on ``--master-addr`` or the c10d
+rendezvous's at ``--rdzv-endpoint`` (other backends: no relay). The relay opens a client of its
+own there, so its short deadlines never touch the agent's connection. Keys are scoped by the run
+id and the rendezvous round (the restart count and the round's ``MASTER_ADDR:MASTER_PORT``), so
+a failure that a restart recovered from never stops the next round. The record is plain JSON,
+size-limited and checked for shape and consistency (the rank belongs to the node that reports
+it, the text is printable) before it is believed; nothing is unpickled. The launchers share no
+secret, so the record is not sealed: anyone who can write to the rendezvous store can stop the
+job and name a wrong culprit, as they can already disturb the rendezvous itself (see
+``docs/trust-model.md``); a culprit learned this way is always reported as relayed from the
+other node's launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
+
+#: Seconds between two looks at the store.
+POLL = 0.5
+#: Seconds one store round trip (or the connection) may take.
+DEADLINE = 2.0
+#: Seconds a failed launcher waits for the others to have seen the culprit before it leaves.
+LINGER = 5.0
+#: Kinds of failure: the rank's own fault, then the waits that another rank's fault caused.
+OWN = ("raised", "crashed")
+WAITED = ("timeout", "collateral")
+_MAX_RECORD = 8192
+_MAX_TEXT = 600
+_MAX_PATH = 4096
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rank, as its node's launcher saw it."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: str
+    kind: str  # raised | crashed | timeout | collateral
+    detail: str  # "raised ValueError: ..." as the report words it
+    exit_code: int | None
+    time_ns: int
+    stdout: str  # the rank's log files, on its own host
+    stderr: str
+
+    @property
+    def own(self) -> bool:
+        """Whether the rank failed by its own fault (not waiting for another)."""
+        return self.kind in OWN
+
+
+def encode(failure: Failure) -> str:
+    """The record as the store holds it: JSON, ASCII."""
+    return json.dumps(asdict(failure), sort_keys=True)
+
+
+def _text(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and len(value) <= limit and value.isprintable()
+
+
+def decode(raw: bytes | str, world_size: int, nproc: int) -> Failure | None:
+    """The record back, or None unless it has the exact shape one of this job's launchers writes.
+
+    Args:
+        raw: the store's value.
+        world_size: ranks in the job (this round).
+        nproc: ranks per node.
+    """
+    if len(raw) > _MAX_RECORD:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    fields = set(Failure.__dataclass_fields__)
+    if not isinstance(data, dict) or set(data) != fields:
+        return None
+    ints = ("rank", "local_rank", "node_rank", "time_ns")
+    if not all(type(data[name]) is int for name in ints):
+        return None
+    code = data["exit_code"]
+    rank, local, node = data["rank"], data["local_rank"], data["node_rank"]
+    checks = (
+        0 <= rank < world_size,
+        0 <= local < nproc,
+        rank == node * nproc + local,  # torch's agent numbers each node's ranks contiguously
+        data["time_ns"] > 0,
+        data["kind"] in OWN + WAITED,
+        code is None or (type(code) is int and 0 <= code < 256),
+        _text(data["host"], 255) and bool(data["host"]),
+        _text(data["detail"], _MAX_TEXT),
+        _text(data["stdout"], _MAX_PATH),
+        _text(data["stderr"], _MAX_PATH),
+    )
+    return Failure(**data) if all(checks) else None
+
+
+class Relay(threading.Thread):
+    """Publishes this node's culprit and watches for another node's, on the rendezvous store.
+
+    The watchdog calls :meth:`round` when a new start of this node's ranks begins, :meth:`publish`
+    when one of them fails, and reads :meth:`received`; every store round trip happens in this
+    thread, so a slow or vanished store never delays the watchdog.
+    """
+
+    def __init__(self, host: str, port: int, run_id: str) -> None:
+        super().__init__(name="unidist-launch-relay", daemon=True)
+        self._address = (host, port)
+        self._prefix = f"unidist/launch/{run_id}"
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._halt = threading.Event()
+        self._store: Any = None
+        self._round: tuple[str, int, int] | None = None  # (generation, world size, nproc)
+        self._pending: Failure | None = None
+        self._published = threading.Event()
+        self._received: tuple[str, Failure] | None = None
+        self._acked: str | None = None
+        self.errors = 0  # failed round trips, for the curious
+
+    # -- the watchdog's side -------------------------------------------------------------------
+
+    def round(self, generation: str, world_size: int, nproc: int) -> None:
+        """Follow the rendezvous round ``generation`` from now on (forgetting the last one's)."""
+        with self._lock:
+            if self._round is not None and self._round[0] == generation:
+                return
+            self._round = (generation, world_size, nproc)
+            self._pending, self._received, self._acked = None, None, None
+            self._published.clear()
+        self._wake.set()
+
+    def publish(self, failure: Failure) -> None:
+        """Tell the other nodes (soon, from this thread) that ``failure`` happened here."""
+        with self._lock:
+            if self._pending is None or (failure.own and not self._pending.own):
+                self._pending = failure
+                self._published.clear()
+        self._wake.set()
+
+    def received(self) -> Failure | None:
+        """The job's culprit as the store says, once known (this round only)."""
+        with self._lock:
+            return self._received[1] if self._received is not None else None
+
+    def stop(self) -> None:
+        """End the thread (its store connection with it)."""
+        self._halt.set()
+        self._wake.set()
+        self.join(timeout=2 * DEADLINE + 1)
+
+    def linger(self) -> None:
+        """Before a failed launcher leaves: publish what is pending, wait for every node to see it.
+
+        Bounded by :data:`LINGER`; returns at once when no failure is known for this round.
+        """
+        deadline = time.monotonic() + LINGER
+        # The watchdog may not have published this node's failure yet (it looks every 50 ms).
+        while time.monotonic() < deadline - LINGER + 0.5 and not self._known():
+            time.sleep(0.05)
+        with self._lock:
+            pending = self._pending is not None
+        if pending:
+            self._published.wait(timeout=max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline and not self._halt.is_set():
+            with self._lock:
+                known, current = self._received is not None, self._round
+            if not known or current is None:
+                return
+            seen = self._add(self._key(current[0], "seen"), 0)
+            if seen is None or seen >= current[1] // current[2]:
+                return
+            time.sleep(0.1)
+
+    def _known(self) -> bool:
+        with self._lock:
+            return self._pending is not None or self._received is not None
+
+    # -- this thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self._wake.wait(timeout=POLL)
+            self._wake.clear()
+            if self._halt.is_set():
+                break
+            with self._lock:
+                current, pending = self._round, self._pending
+                settled = self._received is not None and self._received[1].own
+            if current is None:
+                continue
+            if pending is not None:
+                self._send(current, pending)
+            elif not settled:
+                self._look(current)
+        self._store = None
+
+    def _key(self, generation: str, name: str) -> str:
+        return f"{self._prefix}/{generation}/{name}"
+
+    def _connect(self) -> Any:
+        if self._store is None:
+            import torch.distributed as dist
+
+            host, port = self._address
+            # A plain connection first: torch's client retries a refused or silent address
+            # until its timeout, logging an error for each try, and cannot be interrupted at
+            # exit; the store is often gone at the end of a job (its host's launcher left).
+            with socket.create_connection((host, port), timeout=DEADLINE):
+                pass
+            self._store = dist.TCPStore(
+                host,
+                port,
+                is_master=False,
+                timeout=timedelta(seconds=DEADLINE),
+                wait_for_workers=False,
+            )
+        return self._store
+
+    def _call(self, operation: Any) -> Any:
+        """One round trip with the store (deadline :data:`DEADLINE`), or None if it failed."""
+        try:
+            return operation(self._connect())
+        except Exception:  # a store that is gone, slow or refusing: try again next time
+            self.errors += 1
+            self._store = None
+            return None
+
+    def _send(self, current: tuple[str, int, int], failure: Failure) -> None:
+        key, value = self._key(current[0], "failed"), encode(failure)
+        stored = self._call(lambda store: store.compare_set(key, "", value))
+        if stored is None:
+            return
+        found = decode(stored, current[1], current[2])
+        if found is None or (failure.own and not found.own):
+            # A wait was published first, and a rank's own failure explains it; or the key holds
+            # what no launcher of this job writes: replace it (only if unchanged meanwhile).
+            replaced = self._call(lambda store: store.compare_set(key, stored, value))
+            if replaced is None:
+                return
+            found = decode(replaced, current[1], current[2])
+        with self._lock:
+            if self._pending is failure:
+                self._pending = None
+                self._published.set()
+        self._take(current, found)
+
+    def _look(self, current: tuple[str, int, int]) -> None:
+        key = self._key(current[0], "failed")
+        if not self._call(lambda store: store.check([key])):
+            return
+        raw = self._call(lambda store: store.get(key))
+        if raw is not None:
+            self._take(current, decode(raw, current[1], current[2]))
+
+    def _take(self, current: tuple[str, int, int], found: Failure | None) -> None:
+        if found is None:
+            return  # not a record this job's launchers write: ignored, never believed
+        with self._lock:
+            if self._round != current:
+                return
+            self._received = (current[0], found)
+            ack = self._acked != current[0]
+            self._acked = current[0]
+        if ack:
+            self._add(self._key(current[0], "seen"), 1)
+
+    def _add(self, key: str, amount: int) -> int | None:
+        result: int | None = self._call(lambda store: store.add(key, amount))
+        return result
