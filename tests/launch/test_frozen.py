@@ -32,3 +32,27 @@ def test_a_frozen_rank_is_killed_and_named(tmp_path: Path) -> None:
     assert "rank 0 (local rank 0)" in summary.split("culprit:", 1)[1]  # the one that timed out
     assert "timed out waiting for another rank: DistributedTimeoutError" in summary
     assert_nothing_left(tmp_path)
+
+
+def test_a_frozen_store_host_is_named_by_the_others_and_the_launcher(tmp_path: Path) -> None:
+    # Rank 0 hosts unidist's control store and stops; rank 1's round trips to it get no answer.
+    # Before, rank 1 waited inside the store's add for ever, and the launcher never reported.
+    began = time.monotonic()
+    done = launch(
+        "-n",
+        "2",
+        "--log-dir",
+        str(tmp_path),
+        str(SCRIPTS / "failing_job.py"),
+        "freeze-host",
+        timeout=60,
+    )
+    took = time.monotonic() - began
+    assert done.returncode == 1, done.stderr
+    assert took < 40, f"the launcher took {took:.0f} s"
+    summary = done.stderr.split("unidist launch: the job failed", 1)[1]
+    culprit = next(line for line in summary.splitlines() if "culprit:" in line)
+    assert "rank 0 (local rank 0)" in culprit
+    assert "frozen" in culprit
+    assert "which hosts unidist's control store, did not answer" in summary
+    assert_nothing_left(tmp_path)

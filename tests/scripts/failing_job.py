@@ -7,6 +7,8 @@ Modes:
 * ``allreduce``: the same, the others waiting in an all_reduce the last rank never joins.
 * ``freeze``: rank 1 stops itself with SIGSTOP (as a debugger or a stuck node would leave it);
   rank 0 gives up waiting for it in ``unidist.barrier(timeout=3)``.
+* ``freeze-host``: the same with rank 0 frozen, which hosts unidist's control store: rank 1's
+  round trips to it get no answer at all.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ if mode == "freeze":
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(300)  # only reached if someone sends SIGCONT without stopping the job
+    unidist.barrier(timeout=3)
+elif mode == "freeze-host":
+    unidist.barrier()  # every rank has connected to the control store
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(300)
     unidist.barrier(timeout=3)
 elif rank == last:
     time.sleep(0.5)  # let the others reach their wait first
