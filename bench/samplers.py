@@ -64,7 +64,7 @@ def _build(kind: str, length: int) -> Any:
 
         return DistributedProxySampler(RandomSampler(range(length)), num_replicas=WORLD, rank=RANK)
     if kind == "unidist":
-        return unidist.DistributedSampler(length, world_size=WORLD, rank=RANK)
+        return unidist.DistributedSampler(length, world_size=WORLD, rank=RANK, order="fast")
     if kind == "unidist-torch":
         return unidist.DistributedSampler(length, world_size=WORLD, rank=RANK, order="torch")
     if kind == "unidist-wrapper":

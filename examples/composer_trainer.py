@@ -4,8 +4,8 @@
     python examples/composer_trainer.py                 # one process
 
 Composer keeps doing what it does (the training loop, DDP, metrics, logging); unidist gives it
-the samplers: a shuffled, resumable ``DistributedSampler`` for training (``order="torch"`` would
-reproduce ``dist.get_sampler(shuffle=True)`` exactly) and an exact-once one for evaluation, which
+the samplers: a shuffled, resumable ``DistributedSampler`` for training (the indices of
+``dist.get_sampler(shuffle=True)``, exactly) and an exact-once one for evaluation, which
 inside ``Trainer.eval()`` pads the way Composer expects so that every validation sample counts
 once. ``--record DIR`` writes what each rank trained on and the mean loss per epoch.
 """

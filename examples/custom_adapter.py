@@ -150,6 +150,7 @@ def main() -> int:
     losses: list[float] = []
     seen: list[int] = []
     for epoch in range(args.epochs):
+        loader.set_epoch(epoch)  # a fresh shuffle each epoch
         total, batches = 0.0, 0
         for ids, xb, yb in loader:
             if epoch == 0:

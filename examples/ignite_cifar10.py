@@ -9,8 +9,8 @@ What changed from Ignite's script (each line marked ``# unidist:`` below):
   and ``unidist.initialize()`` joins them; ``training(local_rank, config)`` is called directly.
 * ``idist.auto_dataloader(ds, batch_size=B, num_workers=W)`` ->
   ``unidist.auto_dataloader(ds, global_batch_size=B, num_workers=W // local ranks)``: Ignite's
-  ``batch_size`` and ``num_workers`` are for the whole job and the node; ``order="torch"``
-  keeps Ignite's shuffle, so a run reproduces the original.
+  ``batch_size`` and ``num_workers`` are for the whole job and the node; the shuffle is
+  Ignite's (torch's), so a run reproduces the original.
 * ``setup_logger(distributed_rank=...)`` -> ``unidist.setup_logging()``.
 * ``idist.auto_model``/``auto_optim``/``device``/``one_rank_first`` keep their names.
 
@@ -55,7 +55,6 @@ def get_dataflow(config: dict[str, Any]) -> tuple[Any, Any]:
         num_workers=workers,
         shuffle=True,
         drop_last=True,
-        order="torch",  # unidist: Ignite's (torch's) shuffle, for a run identical to Ignite's
     )
     test_loader = unidist.auto_dataloader(
         test_set,

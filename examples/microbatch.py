@@ -66,6 +66,7 @@ def main() -> int:
     seen: list[int] = []
     with OOMBudget(limit).attach(net) if args.memory else contextlib.nullcontext():
         for epoch in range(args.epochs):
+            loader.set_epoch(epoch)  # a fresh shuffle each epoch
             total, batches = 0.0, 0
             for ids, x, y in loader:
                 if epoch == 0:

@@ -65,8 +65,9 @@ def main() -> int:
     losses: list[float] = []
     seen: list[int] = []
     for epoch in range(args.epochs):
+        loader.set_epoch(epoch)  # a fresh shuffle each epoch, as with torch's sampler
         total, batches = 0.0, 0
-        for ids, x, y in unidist.progress(loader, desc=f"epoch {epoch}"):  # a fresh shuffle
+        for ids, x, y in unidist.progress(loader, desc=f"epoch {epoch}"):
             if epoch == 0:
                 seen.extend(ids.tolist())
             x, y = x.to(unidist.device()), y.to(unidist.device())

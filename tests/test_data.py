@@ -60,7 +60,6 @@ def _flat(loader: Any) -> list[int]:
         (dict(batch_size=128), "32 per rank on these 4 ranks"),
         (dict(batch_size=128), "pass global_batch_size=128 for Ignite's meaning"),
         (dict(batch_size=128), "per_rank_batch_size=128 for DataLoader's"),
-        (dict(batch_size=128), "order='torch'"),
         # A misspelt keyword is named, with what was probably meant.
         (dict(batchsize=4), "got batchsize=4"),
         (dict(batchsize=4), "batchsize= -> per_rank_batch_size= or global_batch_size="),
@@ -165,7 +164,7 @@ def test_the_chosen_settings_are_logged_once_on_the_main_rank(
     [record] = caplog.records
     message = record.getMessage()
     assert "range of 10 over 2 rank(s): 2 per rank (global batch 4)" in message
-    assert "order='fast'" in message
+    assert "order='torch'" in message
     assert "shuffle=True" in message
     assert f"num_workers={data.default_num_workers()} per rank" in message
     assert "(defaults: num_workers)" in message
@@ -180,9 +179,9 @@ def test_the_chosen_settings_are_logged_once_on_the_main_rank(
 # -- StatefulDataLoader ------------------------------------------------------------------------
 
 
-def _loader(workers: int, **kw: Any) -> StatefulDataLoader:
+def _loader(workers: int, auto_epoch: bool = False, **kw: Any) -> StatefulDataLoader:
     dataset = TensorDataset(torch.arange(50))
-    sampler = DistributedSampler(dataset, rank=0, world_size=1, seed=1)
+    sampler = DistributedSampler(dataset, rank=0, world_size=1, seed=1, auto_epoch=auto_epoch)
     return StatefulDataLoader(dataset, batch_size=4, sampler=sampler, num_workers=workers, **kw)
 
 
@@ -205,8 +204,15 @@ def test_loader_state_counts_what_the_loop_received_not_what_workers_prefetched(
     assert resumed.state_dict()["sampler"]["epoch"] == 1  # finished: the next epoch is due
 
 
-def test_loader_over_workers_advances_one_epoch_per_iteration() -> None:
+def test_loader_over_workers_repeats_the_epoch_without_set_epoch() -> None:
     loader = _loader(2, persistent_workers=True)
+    first, second = _ids(loader), _ids(loader)
+    assert first == second  # as torch's sampler: only set_epoch changes the order
+    assert sorted(first) == list(range(50))
+
+
+def test_loader_over_workers_advances_one_epoch_per_iteration_with_auto_epoch() -> None:
+    loader = _loader(2, persistent_workers=True, auto_epoch=True)
     first, second = _ids(loader), _ids(loader)
     assert first != second
     assert sorted(first) == sorted(second) == list(range(50))

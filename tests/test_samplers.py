@@ -173,13 +173,28 @@ def test_resume_reads_exactly_the_rest_on_any_world_size(
     if new_world == world:  # same world: each rank continues its own uninterrupted shard
         whole = _shards(length, world, epoch, **kw)
         assert [a + b for a, b in zip(seen, rest, strict=True)] == whole
-    # The resumed pass is the restored epoch's; the next iteration moves on to the next epoch.
+    # The resumed pass is the restored epoch's; as in torch, the next iteration repeats that
+    # epoch from its start, and set_epoch moves on.
     assert after[0].epoch == epoch
+    assert list(after[0]) == _shards(length, new_world, epoch, **kw)[0]
+    after[0].set_epoch(epoch + 1)
     assert list(after[0]) == _shards(length, new_world, epoch + 1, **kw)[0]
 
 
-def test_epochs_advance_by_themselves() -> None:
+def test_without_set_epoch_every_iteration_repeats_the_epoch_as_in_torch() -> None:
     sampler = DistributedSampler(100, rank=0, world_size=2)
+    reference = torch.utils.data.DistributedSampler(range(100), num_replicas=2, rank=0)
+    peeked = next(iter(sampler))  # a script that peeks at a batch does not shift the order
+    assert peeked == next(iter(reference))
+    assert list(sampler) == list(sampler) == list(reference) == _shards(100, 2, 0)[0]
+    assert sampler.epoch == 0
+    sampler.set_epoch(3)
+    reference.set_epoch(3)
+    assert list(sampler) == list(sampler) == list(reference)
+
+
+def test_auto_epoch_advances_the_epoch_without_set_epoch() -> None:
+    sampler = DistributedSampler(100, rank=0, world_size=2, auto_epoch=True)
     first, second = list(sampler), list(sampler)
     assert first != second
     assert second == _shards(100, 2, 1)[0]
@@ -187,6 +202,7 @@ def test_epochs_advance_by_themselves() -> None:
     sampler.set_epoch(7)
     assert list(sampler) == _shards(100, 2, 7)[0]
     assert list(sampler) == _shards(100, 2, 8)[0]
+    assert sampler.epoch == 8
     sampler.set_epoch(8)  # set_epoch repeats an epoch on purpose, as in torch
     assert list(sampler) == _shards(100, 2, 8)[0]
 
@@ -220,7 +236,7 @@ def test_state_at_the_last_batch_inside_the_loop_resumes_to_an_empty_pass() -> N
     again = DistributedSampler(10, rank=0, world_size=2)
     again.load_state_dict(state)
     assert list(again) == []  # the rest of epoch 0
-    assert list(again) == _shards(10, 2, 1)[0]
+    assert list(again) == _shards(10, 2, 0)[0]  # then epoch 0 again, as torch repeats it
 
 
 def test_set_epoch_of_another_epoch_drops_a_restored_position() -> None:
@@ -312,7 +328,7 @@ def test_set_epoch_refuses_negative_epochs() -> None:
     ("change", "fragment"),
     [
         (dict(length=11), "length: saved 11, now 10"),
-        (dict(order="torch"), "order: saved 'torch', now 'fast'"),
+        (dict(order="fast"), "order: saved 'fast', now 'torch'"),
         (dict(format="other"), "not a unidist sampler state"),
         (dict(consumed=11), "state['consumed']"),
         (dict(epoch=-1), "state['epoch']"),
@@ -364,7 +380,7 @@ def test_get_sampler_defaults_to_composers_unshuffled_order() -> None:
 
 def test_the_longest_dataset_and_the_extreme_seeds_still_work() -> None:
     # The largest length accepted yields valid, non-negative indices.
-    longest = DistributedSampler(2**63 - 1, rank=0, world_size=2)
+    longest = DistributedSampler(2**63 - 1, rank=0, world_size=2, order="fast")
     first = list(itertools.islice(iter(longest), 4))
     assert all(0 <= i < 2**63 - 1 for i in first)
     # The extreme torch seeds run for any epoch; epochs of 2**63 or more are refused.

@@ -118,7 +118,8 @@ def test_wrapped_random_samplers_agree_across_ranks_and_vary_by_epoch() -> None:
     again = _wrapped(inner, 4, mode="eval")
     assert shards == again  # deterministic per (seed, epoch), whatever the global state
     sampler = DistributedSamplerWrapper(inner, rank=0, world_size=4, mode="eval")
-    assert list(sampler) == shards[0]
+    assert list(sampler) == list(sampler) == shards[0]  # no set_epoch: the epoch repeats
+    sampler.set_epoch(1)
     assert list(sampler) != shards[0]  # the next epoch draws again
     assert sum(i >= 20 for s in shards for i in s) > 30  # the weights still apply
 
@@ -130,7 +131,12 @@ def test_wrapper_passes_the_epoch_to_the_wrapped_sampler() -> None:
     sampler.set_epoch(5)
     list(sampler)
     list(sampler)
-    assert inner.epochs == [0, 5, 6]
+    assert inner.epochs == [0, 5, 5]
+    inner = Reversed(6)
+    advancing = DistributedSamplerWrapper(inner, rank=1, world_size=2, auto_epoch=True)
+    list(advancing)
+    list(advancing)
+    assert inner.epochs == [0, 1]
 
 
 @settings(max_examples=40, deadline=None)

@@ -101,7 +101,7 @@ class StatefulDataLoader(DataLoader[Any]):
         self._stateful().load_state_dict(state["sampler"])
 
     def set_epoch(self, epoch: int) -> None:
-        """The sampler's ``set_epoch`` (optional: epochs advance by themselves)."""
+        """The sampler's ``set_epoch``: as in torch, the only way its epoch changes."""
         self._stateful().set_epoch(epoch)
 
 
@@ -141,7 +141,8 @@ def auto_dataloader(
     drop_last: bool = False,
     seed: int = 0,
     mode: Literal["train", "eval"] = "train",
-    order: Literal["fast", "torch"] = "fast",
+    order: Literal["fast", "torch"] = "torch",
+    auto_epoch: bool = False,
     native: bool | Literal["torch", "composer", "ignite"] = False,
     already_sharded: bool = False,
     **loader_kw: Any,
@@ -157,8 +158,10 @@ def auto_dataloader(
     (:class:`~unidist.DistributedSamplerWrapper`), a distributed one is kept (after checking
     its rank and world size). ``drop_last`` applies to the sampler (no padding duplicates) and
     to the last partial batch. Unlike DataLoader, ``shuffle`` defaults to True, in one process
-    as well as several; the default ``order="fast"`` is not torch's shuffle (pass
-    ``order="torch"`` to reproduce a torch, Composer or Ignite run exactly).
+    as well as several, as in Ignite's ``auto_dataloader``. The sampler is Ignite's (torch's
+    ``DistributedSampler``) index for index, and its epoch changes only through
+    ``set_epoch``; unidist's constant-memory order is ``order="fast"``, and epochs that
+    advance without ``set_epoch`` are ``auto_epoch=True``.
 
     Per-rank defaults, each overridable through ``loader_kw``: ``num_workers`` = this rank's
     share of the CPUs minus one for the training process (at most 8; CPUs divided by the
@@ -179,7 +182,8 @@ def auto_dataloader(
         drop_last: drop the tail instead of padding, and the last partial batch.
         seed: seed of the sampler.
         mode: ``"train"`` or ``"eval"`` (exact-once; see :class:`~unidist.DistributedSampler`).
-        order: ``"fast"`` or ``"torch"`` (see :class:`~unidist.DistributedSampler`).
+        order: ``"torch"`` (default) or ``"fast"`` (see :class:`~unidist.DistributedSampler`).
+        auto_epoch: advance the epoch when an iteration starts without ``set_epoch``.
         native: use a framework's own sampler (see :func:`unidist.get_sampler`).
         already_sharded: the iterable dataset already yields different data on each rank.
         **loader_kw: anything else ``DataLoader`` takes (not ``batch_size`` or
@@ -206,6 +210,7 @@ def auto_dataloader(
             seed,
             mode,
             order,
+            auto_epoch,
             native,
             rank,
             world,
@@ -228,6 +233,7 @@ _OWN_KEYWORDS = (
     "seed",
     "mode",
     "order",
+    "auto_epoch",
     "native",
     "already_sharded",
 )
@@ -245,7 +251,7 @@ def _check_loader_keywords(loader_kw: dict[str, Any], world: int) -> None:
             "DataLoader and Composer as the batch of one rank. HINT: pass "
             f"global_batch_size={size!r} for Ignite's meaning, or per_rank_batch_size={size!r} "
             "for DataLoader's. Porting from Ignite? Its num_workers is per node (unidist's is "
-            "per rank, like DataLoader's), and order='torch' reproduces its shuffle exactly."
+            "per rank, like DataLoader's)."
         )
     if "batch_sampler" in loader_kw:
         raise ConfigurationError(
@@ -366,6 +372,7 @@ def _choose_sampler(
     seed: int,
     mode: Literal["train", "eval"],
     order: Literal["fast", "torch"],
+    auto_epoch: bool,
     native: bool | Literal["torch", "composer", "ignite"],
     rank: int,
     world: int,
@@ -389,6 +396,7 @@ def _choose_sampler(
         seed=seed,
         mode=mode,
         order=order,
+        auto_epoch=auto_epoch,
         sampler=sampler,
         native=native,
         rank=rank,

@@ -1,14 +1,17 @@
 """Distributed samplers: constant memory, resumable on any number of ranks, exact-once eval.
 
-* :class:`DistributedSampler` indexes a map-style dataset. ``order="fast"`` computes a seeded
-  permutation per position (memory independent of the dataset size, indices produced with
-  numpy); ``order="torch"`` reproduces ``torch.utils.data.DistributedSampler`` index for index.
+* :class:`DistributedSampler` indexes a map-style dataset. By default it is
+  ``torch.utils.data.DistributedSampler`` index for index (``order="torch"``, the epoch changes
+  only through ``set_epoch``), so a script ported by renaming reads the same samples;
+  ``order="fast"`` computes a seeded permutation per position instead (memory independent of
+  the dataset size, indices produced with numpy).
 * :class:`DistributedSamplerWrapper` shards any other sampler (weighted, custom) across ranks.
 * :func:`get_sampler` builds either, or a framework's own sampler with ``native=...``.
 
 Both samplers subclass ``torch.utils.data.DistributedSampler``, keep torch's attributes
 (``num_replicas``, ``rank``, ``epoch``, ``seed``, ``drop_last``, ``num_samples``, ``total_size``)
-and add ``mode="eval"``, automatic epochs, and ``state_dict()`` / ``load_state_dict()``.
+and add ``mode="eval"``, ``order="fast"``, ``auto_epoch=True`` and ``state_dict()`` /
+``load_state_dict()``, each an explicit choice.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ BLOCK = 1 << 14
 _TORCH_SEEDS = (-(1 << 63), (1 << 63) - 1)
 
 
+def _world_size(num_replicas: int | None, world_size: int | None) -> int | None:
+    """torch's ``num_replicas`` or unidist's ``world_size``: the same thing, given once."""
+    if num_replicas is not None and world_size is not None:
+        raise ConfigurationError(
+            f"num_replicas={num_replicas!r} and world_size={world_size!r} name the same setting "
+            "(torch's and unidist's spelling). HINT: pass only one of them."
+        )
+    return world_size if num_replicas is None else num_replicas
+
+
 def _length_of(data: object, what: str) -> tuple[int, Any]:
     """(length, dataset) of a sized dataset or a length; refuses iterable datasets."""
     if not isinstance(data, Sized | bool) and hasattr(type(data), "__index__"):
@@ -74,10 +87,12 @@ def _length_of(data: object, what: str) -> tuple[int, Any]:
 class DistributedSampler(PassSampler):
     """Each rank's share of a shuffled dataset, with exact resume on any number of ranks.
 
-    Epochs: :meth:`set_epoch` works as in torch, and is optional: when an iteration starts
-    without it, the epoch advances by itself instead of repeating the previous order (torch's
-    sampler repeats it). Only drawing the first index starts an iteration, so DataLoader's
-    spare iterators do not count.
+    Its name, positional arguments and defaults are torch's, and so are its indices: a script
+    ported from ``torch.utils.data.DistributedSampler`` by renaming reads exactly the same
+    samples. Epochs: as in torch, the epoch changes only through :meth:`set_epoch`, and each
+    iteration without it repeats the epoch's order. ``auto_epoch=True`` (unidist's) advances
+    the epoch when an iteration starts without ``set_epoch`` instead; only drawing the first
+    index starts an iteration, so DataLoader's spare iterators do not count.
 
     Resume: :meth:`state_dict` records ``(seed, epoch, consumed)`` with ``consumed`` counted in
     the epoch's global order, which does not depend on the world size; :meth:`load_state_dict`
@@ -87,6 +102,8 @@ class DistributedSampler(PassSampler):
 
     Args:
         data: a map-style dataset with ``len()``, or the length itself.
+        num_replicas: number of ranks (torch's name; default: :func:`unidist.get_world_size`).
+        rank: this rank (default: :func:`unidist.get_rank`).
         shuffle: shuffle each epoch (seeded by ``seed`` and the epoch, identical on all ranks).
         seed: the shuffle's seed; every rank must pass the same one.
         drop_last: train mode: drop the tail so every rank reads ``N // world_size`` samples,
@@ -96,15 +113,18 @@ class DistributedSampler(PassSampler):
             pair it with :func:`unidist.gather_in_order`. Inside Composer's ``Trainer.eval()``,
             which stops every rank when one runs out of batches, the shards are padded the way
             torch pads them and Composer strips the padding, so each sample still counts once.
-        order: ``"fast"``: a Feistel permutation computed per index; memory does not grow with
-            the dataset and the first index comes at once (up to 65,536 samples, an exact
-            stored shuffle instead, since Feistel networks on tiny domains are biased).
-            ``"torch"``: exactly the indices of ``torch.utils.data.DistributedSampler`` (and so
-            of Composer's ``get_sampler`` and Ignite's ``auto_dataloader``) for the same seed,
-            epoch and world size; it builds ``randperm(N)`` once per epoch (8 bytes per sample,
-            not a Python list).
-        rank: this rank (default: :func:`unidist.get_rank`).
-        world_size: number of ranks (default: :func:`unidist.get_world_size`).
+        order: ``"torch"`` (default): exactly the indices of
+            ``torch.utils.data.DistributedSampler`` (and so of Composer's ``get_sampler`` and
+            Ignite's ``auto_dataloader``) for the same seed, epoch and world size; it builds
+            ``randperm(N)`` once per epoch (8 bytes per sample, not a Python list).
+            ``"fast"`` (unidist's): a Feistel permutation computed per index; memory does not
+            grow with the dataset and the first index comes at once (up to 65,536 samples, an
+            exact stored shuffle instead, since Feistel networks on tiny domains are biased).
+            Choose it for datasets of hundreds of millions of samples, where the per-epoch
+            table costs gigabytes and seconds; its order differs from torch's.
+        auto_epoch: advance the epoch when an iteration starts without :meth:`set_epoch`
+            (unidist's); default False: repeat the epoch, as torch does.
+        world_size: ``num_replicas`` under unidist's name (give one of the two).
 
     Raises:
         ConfigurationError: an iterable dataset, a bad setting, or ``drop_last`` in eval mode.
@@ -113,18 +133,23 @@ class DistributedSampler(PassSampler):
     def __init__(
         self,
         data: Sized | int,
-        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        *,
         mode: Literal["train", "eval"] = "train",
-        order: Literal["fast", "torch"] = "fast",
-        rank: int | None = None,
+        order: Literal["fast", "torch"] = "torch",
+        auto_epoch: bool = False,
         world_size: int | None = None,
     ) -> None:
         length, dataset = _length_of(data, "DistributedSampler")
         if order not in ORDERS:
-            raise ConfigurationError(f"order={order!r} is not one of {ORDERS}.")
+            raise ConfigurationError(
+                f"order={order!r} is not one of {ORDERS}. HINT: 'torch' (the default) is "
+                "torch's shuffle; 'fast' is unidist's constant-memory one."
+            )
         self.order = order  # before the seed is checked: the torch order narrows its range
         super().__init__(
             length,
@@ -133,7 +158,8 @@ class DistributedSampler(PassSampler):
             drop_last=drop_last,
             mode=mode,
             rank=rank,
-            world_size=world_size,
+            world_size=_world_size(num_replicas, world_size),
+            auto_epoch=auto_epoch,
         )
         self.shuffle = check_flag(shuffle, "shuffle")
         self._table: tuple[tuple[int, int], npt.NDArray[np.int64]] | None = None
@@ -241,14 +267,16 @@ class DistributedSamplerWrapper(PassSampler):
     on every rank, and then it is resumable only if it derives its state from the epoch. If the
     wrapped sampler has ``set_epoch``, it is called with the epoch first.
 
-    Epochs, modes and state work as in :class:`DistributedSampler`; resuming re-iterates the
-    wrapped sampler up to the saved position without loading any data.
+    Epochs (changed only by ``set_epoch`` unless ``auto_epoch=True``), modes and state work as
+    in :class:`DistributedSampler`; resuming re-iterates the wrapped sampler up to the saved
+    position without loading any data.
 
     Args:
         sampler: a sampler (any iterable with ``len()``), not already distributed.
         seed: seeds the private generators (with the epoch).
         drop_last: train mode: drop the tail instead of padding.
         mode: ``"train"`` or ``"eval"`` (every position exactly once).
+        auto_epoch: advance the epoch when an iteration starts without ``set_epoch``.
         rank: this rank (default: :func:`unidist.get_rank`).
         world_size: number of ranks (default: :func:`unidist.get_world_size`).
     """
@@ -260,6 +288,7 @@ class DistributedSamplerWrapper(PassSampler):
         seed: int = 0,
         drop_last: bool = False,
         mode: Literal["train", "eval"] = "train",
+        auto_epoch: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
@@ -288,6 +317,7 @@ class DistributedSamplerWrapper(PassSampler):
             mode=mode,
             rank=rank,
             world_size=world_size,
+            auto_epoch=auto_epoch,
         )
         self.sampler = sampler
         self.shuffle = False  # the wrapped sampler decides the order
@@ -343,37 +373,43 @@ def get_sampler(
     *,
     shuffle: bool | None = None,
     drop_last: bool = False,
+    num_replicas: int | None = None,
+    rank: int | None = None,
     seed: int = 0,
     mode: Literal["train", "eval"] = "train",
-    order: Literal["fast", "torch"] = "fast",
+    order: Literal["fast", "torch"] = "torch",
+    auto_epoch: bool = False,
     sampler: Iterable[Any] | None = None,
     native: bool | Literal["torch", "composer", "ignite"] = False,
-    rank: int | None = None,
     world_size: int | None = None,
 ) -> torch.utils.data.DistributedSampler[Any]:
     """A distributed sampler for ``dataset`` (Composer's ``dist.get_sampler``, with more).
 
-    ``shuffle`` defaults to False, like Composer's ``get_sampler`` of the same name (torch's
-    ``DistributedSampler`` and :func:`unidist.auto_dataloader` default to True). With
-    ``shuffle=True`` the default ``order="fast"`` is not torch's shuffle; ``order="torch"``
-    gives exactly the indices of Composer's sampler.
+    Composer's keywords keep Composer's meaning and defaults: ``shuffle`` defaults to False
+    (torch's ``DistributedSampler`` and :func:`unidist.auto_dataloader` default to True), and
+    the indices are exactly those of Composer's sampler (torch's), epoch by epoch, with the
+    epoch changed only by ``set_epoch``. unidist's additions are explicit: ``order="fast"``,
+    ``auto_epoch=True``, ``mode="eval"``, ``sampler=...``.
 
     Args:
         dataset: a map-style dataset or its length (ignored when ``sampler`` is given).
         shuffle: shuffle each epoch (default False, as in Composer). Not allowed with
             ``sampler``.
         drop_last: train mode: drop the tail instead of padding.
+        num_replicas: number of ranks (Composer's and torch's name; default:
+            :func:`unidist.get_world_size`).
+        rank: this rank (default: :func:`unidist.get_rank`).
         seed: seed of the shuffle (or of the wrapped sampler's private generators).
         mode: ``"train"`` or ``"eval"`` (see :class:`DistributedSampler`).
-        order: ``"fast"`` or ``"torch"`` (see :class:`DistributedSampler`).
+        order: ``"torch"`` (default) or ``"fast"`` (see :class:`DistributedSampler`).
+        auto_epoch: advance the epoch when an iteration starts without ``set_epoch``.
         sampler: shard this sampler's output instead (:class:`DistributedSamplerWrapper`).
         native: return the framework's own sampler instead: ``"torch"``
             (``torch.utils.data.DistributedSampler``), ``"composer"``
             (``composer.utils.dist.get_sampler``), ``"ignite"`` (what Ignite's
             ``auto_dataloader`` injects: torch's sampler, or ``DistributedProxySampler`` around
             ``sampler``), or True for the framework of the running adapter.
-        rank: this rank (default: :func:`unidist.get_rank`).
-        world_size: number of ranks (default: :func:`unidist.get_world_size`).
+        world_size: ``num_replicas`` under unidist's name (give one of the two).
 
     Raises:
         ConfigurationError: conflicting arguments, or an option the native sampler lacks.
@@ -384,6 +420,7 @@ def get_sampler(
             "shuffle cannot be combined with sampler: the wrapped sampler decides the order. "
             "HINT: drop shuffle, or shuffle inside your sampler."
         )
+    world_size = _world_size(num_replicas, world_size)
     if native is not False:
         world = world_size if world_size is not None else ranks.get_world_size()
         me = rank if rank is not None else ranks.get_rank()
@@ -397,7 +434,13 @@ def get_sampler(
         return native_sampler(native, request)
     if sampler is not None:
         return DistributedSamplerWrapper(
-            sampler, seed=seed, drop_last=drop_last, mode=mode, rank=rank, world_size=world_size
+            sampler,
+            seed=seed,
+            drop_last=drop_last,
+            mode=mode,
+            auto_epoch=auto_epoch,
+            rank=rank,
+            world_size=world_size,
         )
     if dataset is None:
         raise ConfigurationError("get_sampler needs a dataset (or sampler=...), got None.")
@@ -408,6 +451,7 @@ def get_sampler(
         drop_last=drop_last,
         mode=mode,
         order=order,
+        auto_epoch=auto_epoch,
         rank=rank,
         world_size=world_size,
     )

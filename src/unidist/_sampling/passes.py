@@ -132,6 +132,7 @@ class PassSampler(_TorchDistributedSampler[int]):
         mode: str,
         rank: int | None,
         world_size: int | None,
+        auto_epoch: bool = False,
     ) -> None:
         # torch's __init__ is not called: it needs a process group and computes a padded length.
         check_int(length, "the dataset's length", minimum=0, below=LIMIT)
@@ -155,11 +156,12 @@ class PassSampler(_TorchDistributedSampler[int]):
         self.seed = self._check_seed(seed, "seed")
         self.drop_last = check_flag(drop_last, "drop_last")
         self.mode = mode
+        self.auto_epoch = check_flag(auto_epoch, "auto_epoch")
         self._length = length
         self._epoch = 0
         self._start = 0  # global position where the next pass begins
         self._pending = False  # _start was restored by load_state_dict
-        self._used = False  # a pass over _epoch has begun, so the next iteration advances
+        self._used = False  # a pass over _epoch has begun: the next one restarts (or advances)
         self._pass: _Pass | None = None
 
     # -- what subclasses provide -----------------------------------------------------------------
@@ -215,7 +217,8 @@ class PassSampler(_TorchDistributedSampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Read ``epoch`` in the next pass, from its start.
 
-        Calling it is optional: an iteration that starts without it reads the epoch after the
+        As in torch, it is the only way the epoch changes, unless the sampler was built with
+        ``auto_epoch=True``: then an iteration that starts without it reads the epoch after the
         previous pass's. After :meth:`load_state_dict`, ``set_epoch`` of the restored epoch keeps
         the restored position, so a loop that calls ``set_epoch(epoch)`` first thing resumes.
         """
@@ -240,8 +243,8 @@ class PassSampler(_TorchDistributedSampler[int]):
         record.exhausted = True
 
     def _begin(self) -> _Pass:
-        if self._used:  # a new iteration without set_epoch: move on instead of repeating
-            self._epoch += 1
+        if self._used:  # a new iteration without set_epoch: repeat it, as torch does, or move on
+            self._epoch += 1 if self.auto_epoch else 0
             self._start = 0
         self._used, self._pending = True, False
         record = _Pass(self._epoch, self._share(self._start))
