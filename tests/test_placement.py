@@ -123,3 +123,52 @@ def test_bad_calls(call: Any, message: str) -> None:
     with pytest.raises(unidist.ConfigurationError) as caught:
         call(make_model())
     assert message in str(caught.value)
+
+
+def wrap_with_ddp_keywords(via: str | None) -> dict[str, Any]:
+    model = unidist.auto_model(
+        make_model(), find_unused_parameters=True, broadcast_buffers=False, via=via
+    )
+    return {
+        "wrapper": type(model).__name__,
+        "find_unused_parameters": getattr(model, "find_unused_parameters", None),
+        "broadcast_buffers": getattr(model, "broadcast_buffers", None),
+    }
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("via", [None, pytest.param("ignite", marks=pytest.mark.ignite)])
+def test_extra_keywords_reach_ddp_as_in_ignite(via: str | None) -> None:
+    for result in run_distributed(wrap_with_ddp_keywords, via, world_size=2):
+        assert result == {
+            "wrapper": "DistributedDataParallel",
+            "find_unused_parameters": True,
+            "broadcast_buffers": False,
+        }
+
+
+def test_ddp_keywords_are_checked_in_one_process_too() -> None:
+    model = make_model()
+    assert unidist.auto_model(model, device="cpu", find_unused_parameters=True) is model
+    with pytest.raises(unidist.ConfigurationError) as caught:
+        unidist.auto_model(model, device="cpu", find_unused_params=True)
+    message = str(caught.value)
+    assert "find_unused_params=True" in message
+    assert "did you mean 'find_unused_parameters'" in message
+    assert "It takes: " in message
+    assert "broadcast_buffers" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(sync_bn=True), "HINT: use sync_batchnorm=True"),
+        (dict(device_ids=[0]), "unidist sets DDP's device_ids"),
+        (dict(parallelism={"fsdp2": {}}, static_graph=True), "asks for 'fsdp2'"),
+        (dict(bogus=1), "does not take"),
+    ],
+)
+def test_keywords_auto_model_refuses(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(unidist.ConfigurationError) as caught:
+        unidist.auto_model(make_model(), device="cpu", **kwargs)
+    assert message in str(caught.value)

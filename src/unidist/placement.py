@@ -35,8 +35,14 @@ def auto_model(
     device: torch.device | str | None = None,
     sync_batchnorm: bool = False,
     via: str | None = None,
+    **ddp_kwargs: Any,
 ) -> torch.nn.Module:
     """Move ``model`` to this rank's device and wrap it for data parallelism. Call on every rank.
+
+    As with Ignite's ``idist.auto_model(model, **kwargs)``, other keywords go to
+    ``DistributedDataParallel`` (``find_unused_parameters=True``, ``broadcast_buffers=False``,
+    ...) when several processes train; a keyword DDP does not take is refused at once, in one
+    process too. Ignite's ``sync_bn=`` is ``sync_batchnorm=`` here.
 
     Args:
         model: an unwrapped module.
@@ -48,11 +54,19 @@ def auto_model(
         via: ``"ignite"`` delegates to ``ignite.distributed.auto_model`` when several processes
             train (in one process unidist only moves the model, skipping Ignite's
             ``DataParallel``).
+        **ddp_kwargs: keywords of ``DistributedDataParallel`` (not ``module`` or
+            ``device_ids``, which unidist sets from ``device``); they override the
+            ``DDPConfig``'s settings of the same name.
 
     Returns:
         The model on its device: itself in one process; ``DistributedDataParallel``, FSDP or the
         sharded module itself with several.
+
+    Raises:
+        ConfigurationError: an unknown ``via``, a keyword ``DistributedDataParallel`` does not
+            take, DDP keywords with an FSDP or TP config, or a config of another type.
     """
+    _check_ddp_keywords(ddp_kwargs)
     if via not in _VIAS:
         raise ConfigurationError(
             f"auto_model(via={via!r}): expected None (unidist's own wrapping) or 'ignite'."
@@ -68,7 +82,9 @@ def auto_model(
                 "auto_model(via='ignite') takes no parallelism config: Ignite only wraps in DDP. "
                 "HINT: drop via='ignite' to use FSDP or TP."
             )
-        return _ignite().auto_model(model, sync_bn=sync_batchnorm, device=device)  # type: ignore[no-any-return]
+        return _ignite().auto_model(  # type: ignore[no-any-return]
+            model, sync_bn=sync_batchnorm, device=device, **ddp_kwargs
+        )
     config = parallelism if parallelism is not None else ParallelismConfig()
     if not isinstance(config, ParallelismConfig):
         raise ConfigurationError(
@@ -76,12 +92,64 @@ def auto_model(
             f"{type(config).__name__}. HINT: Composer's config goes to its Trainer; build "
             "unidist's with ParallelismConfig.from_dict(...)."
         )
+    if ddp_kwargs and config.strategy != "ddp":
+        raise ConfigurationError(
+            f"auto_model got DistributedDataParallel keywords ({', '.join(sorted(ddp_kwargs))}) "
+            f"but the parallelism config asks for {config.strategy!r}, which does not use DDP. "
+            "HINT: put the settings in that strategy's config, or drop them."
+        )
     if sync_batchnorm:
         if config.strategy == "ddp":
             config = replace(config, ddp=replace(config.ddp or DDPConfig(), sync_batchnorm=True))
         else:
             model = _sync_batchnorm(model, device)
-    return config.apply(model, device=device)
+    from unidist.parallel import _apply
+
+    return _apply.wrap(config, model, device=device, ddp_options=ddp_kwargs)
+
+
+#: Keywords of ``auto_model``'s owners with another spelling here: name -> (owner, ours).
+_RENAMED = {"sync_bn": ("Ignite's idist.auto_model", "sync_batchnorm")}
+
+
+def _check_ddp_keywords(ddp_kwargs: Mapping[str, Any]) -> None:
+    """Refuse keywords ``DistributedDataParallel`` does not take, naming those it does."""
+    for name, (owner, ours) in _RENAMED.items():
+        if name in ddp_kwargs:
+            raise ConfigurationError(
+                f"auto_model({name}={ddp_kwargs[name]!r}) is {owner}'s spelling. "
+                f"HINT: use {ours}={ddp_kwargs[name]!r}."
+            )
+    if "device_ids" in ddp_kwargs:
+        raise ConfigurationError(
+            f"auto_model(device_ids={ddp_kwargs['device_ids']!r}): unidist sets DDP's "
+            "device_ids from the device it trains on (as Ignite's auto_model refuses it too). "
+            "HINT: drop device_ids, and pass device='cuda:N' if the default device is wrong."
+        )
+    if not ddp_kwargs:
+        return
+    accepted = ddp_keywords()
+    unknown = sorted(set(ddp_kwargs) - accepted)
+    if unknown:
+        from unidist.parallel._checks import did_you_mean
+
+        hints = "".join(did_you_mean(name, accepted) for name in unknown)
+        raise ConfigurationError(
+            f"auto_model got {', '.join(f'{n}={ddp_kwargs[n]!r}' for n in unknown)}, which "
+            f"torch's DistributedDataParallel does not take{hints}. It takes: "
+            f"{', '.join(sorted(accepted))}; auto_model itself takes parallelism, device, "
+            "sync_batchnorm and via. HINT: fix the keyword's name, or drop it."
+        )
+
+
+def ddp_keywords() -> set[str]:
+    """The keywords of this torch's ``DistributedDataParallel`` that ``auto_model`` passes on."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    parameters = inspect.signature(DistributedDataParallel.__init__).parameters
+    return set(parameters) - {"self", "module", "device_ids"}
 
 
 def _sync_batchnorm(model: torch.nn.Module, device: torch.device | str | None) -> torch.nn.Module:
@@ -102,7 +170,7 @@ def _sync_batchnorm(model: torch.nn.Module, device: torch.device | str | None) -
     return converted
 
 
-def auto_optim(optimizer: OptimizerT, *, via: str | None = None) -> OptimizerT:
+def auto_optim(optimizer: OptimizerT, *, via: str | None = None, **kwargs: Any) -> OptimizerT:
     """Make ``optimizer`` ready for distributed training: nothing to do with native backends.
 
     DDP and FSDP average gradients during ``backward``, so with gloo, nccl, mpi and the others
@@ -110,15 +178,29 @@ def auto_optim(optimizer: OptimizerT, *, via: str | None = None) -> OptimizerT:
     do: with the ``xla`` backend this raises unless ``via="ignite"`` hands the optimizer to
     ``ignite.distributed.auto_optim`` (which also covers Horovod).
 
+    Args:
+        optimizer: the optimizer.
+        via: ``"ignite"`` hands it to ``ignite.distributed.auto_optim``.
+        **kwargs: with ``via="ignite"``, passed on as Ignite does (to Horovod's
+            ``DistributedOptimizer``); refused otherwise, since native backends need none.
+
     Raises:
-        ConfigurationError: an unknown ``via``, or the ``xla`` backend without ``via="ignite"``.
+        ConfigurationError: an unknown ``via``, keywords without ``via="ignite"``, or the
+            ``xla`` backend without ``via="ignite"``.
     """
     if via not in _VIAS:
         raise ConfigurationError(
             f"auto_optim(via={via!r}): expected None (unidist's own handling) or 'ignite'."
         )
     if via == "ignite":
-        return _ignite().auto_optim(optimizer)  # type: ignore[no-any-return]
+        return _ignite().auto_optim(optimizer, **kwargs)  # type: ignore[no-any-return]
+    if kwargs:
+        raise ConfigurationError(
+            f"auto_optim got {', '.join(f'{k}={v!r}' for k, v in kwargs.items())}: Ignite "
+            "passes such keywords to Horovod's DistributedOptimizer, and unidist's own "
+            "handling (native backends) takes none. HINT: pass via='ignite' to hand them to "
+            "Ignite, or drop them."
+        )
     from unidist.lifecycle import backend
     from unidist.ranks import get_world_size
 

@@ -16,6 +16,8 @@ from unidist.parallel._gloo import correct_gloo_averaging
 from unidist.parallel.strategies import MESH_DIM_NAMES, DDPConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
@@ -51,6 +53,21 @@ def apply(
             is already wrapped, or a combination torch cannot run on this backend.
         NotInitializedError: several processes but no process group.
     """
+    return wrap(config, model, device=device)
+
+
+def wrap(
+    config: ParallelismConfig,
+    model: torch.nn.Module,
+    *,
+    device: torch.device | str | None = None,
+    ddp_options: Mapping[str, Any] | None = None,
+) -> torch.nn.Module:
+    """:func:`apply`, with keywords for ``DistributedDataParallel`` (``unidist.auto_model``'s).
+
+    ``ddp_options`` override the ``DDPConfig``'s settings of the same name; the caller has
+    checked them against DDP's signature.
+    """
     from unidist import devices
     from unidist.ranks import get_world_size
 
@@ -63,7 +80,7 @@ def apply(
         return model
     _require_torch_group()
     if config.strategy == "ddp":
-        return _ddp(config.ddp or DDPConfig(), model, where)
+        return _ddp(config.ddp or DDPConfig(), model, where, ddp_options or {})
     mesh = _mesh(config, degrees, where)
     if config.tp is not None:
         from torch.distributed.tensor.parallel import parallelize_module
@@ -128,7 +145,9 @@ def _data_mesh(mesh: DeviceMesh, degrees: Degrees) -> DeviceMesh:
     return mesh[(_REPLICATE, _SHARD)] if degrees.replicate > 1 else mesh[_SHARD]
 
 
-def _ddp(config: DDPConfig, model: torch.nn.Module, where: torch.device) -> torch.nn.Module:
+def _ddp(
+    config: DDPConfig, model: torch.nn.Module, where: torch.device, extra: Mapping[str, Any]
+) -> torch.nn.Module:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -143,6 +162,7 @@ def _ddp(config: DDPConfig, model: torch.nn.Module, where: torch.device) -> torc
     }
     if config.bucket_cap_mb is not None:
         options["bucket_cap_mb"] = config.bucket_cap_mb
+    options.update(extra)
     # DDP's device_ids is for single-device CUDA modules; CPU (and others) must pass None.
     device_ids = [where.index] if where.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids, **options)
