@@ -4,15 +4,20 @@ A user porting ``idist.get_nnodes()`` to ``unidist.get_nnodes()`` gets an ``Attr
 that names the unidist equivalent, instead of Python's guess from ``dir(unidist)`` (which
 suggests the ``unidist.parallel`` module for ``unidist.Parallel``). The migration guides
 (docs/migration/) list every public function of both modules; this table covers the names
-that are missing here.
+that are missing here. :func:`foreign_keywords` does the same for keywords: a function that
+shares its name with theirs refuses their spelling of a keyword with a pointer to unidist's.
 """
 
 from __future__ import annotations
 
+import functools
 import types
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn, TypeVar
 
-__all__ = ["POINTERS", "missing", "point_calls"]
+__all__ = ["POINTERS", "foreign_keywords", "missing", "point_calls"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _IGNITE, _COMPOSER = "ignite.distributed", "composer.utils.dist"
 _LOCAL_FIRST = "`with unidist.one_rank_first(local=True):` around the download (or the work)"
@@ -101,3 +106,30 @@ class _PointingModule(types.ModuleType):
 def point_calls(module: types.ModuleType) -> None:
     """Make calling ``module`` (``unidist.sync()``, Ignite's spelling) raise with a pointer."""
     module.__class__ = _PointingModule
+
+
+def foreign_keywords(spellings: Mapping[str, tuple[str, str]]) -> Callable[[F], F]:
+    """Decorator: the owner's spelling of a keyword raises a ``TypeError`` naming unidist's.
+
+    Without it Python says only "unexpected keyword argument"; a script ported by renaming
+    deserves the keyword to use. The check runs only when keywords are given.
+
+    Args:
+        spellings: keyword -> (the functions that spell it so, what to use here).
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if kwargs and not spellings.keys().isdisjoint(kwargs):
+                name = next(k for k in kwargs if k in spellings)
+                origin, pointer = spellings[name]
+                raise TypeError(
+                    f"unidist.{fn.__name__}() takes no keyword {name}= ({origin} does). "
+                    f"HINT: {pointer}."
+                )
+            return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate

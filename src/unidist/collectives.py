@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from unidist import lifecycle
 from unidist._comm import transport
+from unidist._migration import foreign_keywords
 from unidist.adapters.base import REDUCE_OPS
 from unidist.errors import ConfigurationError
 from unidist.groups import Group, members
@@ -49,6 +50,21 @@ def _op(op: str) -> str:
     return name
 
 
+_TENSOR = (
+    "composer.utils.dist's and ignite.distributed's",
+    "pass the tensor (or number) first, positionally; unidist calls it value",
+)
+
+
+@foreign_keywords(
+    {
+        "tensor": _TENSOR,
+        "reduce_operation": (
+            "composer.utils.dist.all_reduce",
+            "use op= (any case: op='SUM' is op='sum')",
+        ),
+    }
+)
 def all_reduce(value: T, op: str = "sum", *, group: Group | None = None) -> T:
     """Reduce a tensor or a Python number across ranks.
 
@@ -154,6 +170,16 @@ def all_gather_object(obj: T, *, group: Group | None = None) -> list[T]:
     return transport.gather_object(session, obj, size, control)
 
 
+@foreign_keywords(
+    {
+        "tensor": _TENSOR,
+        "safe_mode": (
+            "ignite.distributed.broadcast",
+            "use unidist.broadcast_object(obj, src) when the other ranks hold no value of the "
+            "same kind (Ignite's safe_mode lets them pass None)",
+        ),
+    }
+)
 def broadcast(value: T, src: int = 0, *, group: Group | None = None) -> T:
     """Send ``value`` from global rank ``src`` to every rank.
 

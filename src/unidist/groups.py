@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from unidist import lifecycle
+from unidist._migration import foreign_keywords
 from unidist.errors import ConfigurationError, translate_errors
 
 if TYPE_CHECKING:
@@ -50,6 +51,12 @@ def members(session: Session, group: Group | None, what: str) -> tuple[int, Any,
     """(size, adapter handle, control handle) of ``group``; refuses non-members."""
     if group is None:
         return session.topology.world_size, None, session.control
+    if not isinstance(group, Group):
+        raise ConfigurationError(
+            f"{what}(group=...) takes a unidist.Group, got {type(group).__name__} {group!r:.80} "
+            "(Ignite's group= also takes a list of ranks, Composer's a torch ProcessGroup). "
+            "HINT: build it once with group = unidist.new_group(ranks) on every rank."
+        )
     if session.topology.rank not in group.ranks:
         raise ConfigurationError(
             f"rank {session.topology.rank} called {what} on a group of ranks {list(group.ranks)} "
@@ -58,6 +65,27 @@ def members(session: Session, group: Group | None, what: str) -> tuple[int, Any,
     return len(group.ranks), group.handle, group.control
 
 
+#: Keywords of torch's ``new_group`` that Ignite's ``new_group(ranks, **kwargs)`` passes on.
+NEW_GROUP_KEYWORDS = (
+    "timeout",
+    "backend",
+    "pg_options",
+    "use_local_synchronization",
+    "group_desc",
+    "device_id",
+    "sort_ranks",  # newer torch (not in 2.7)
+)
+
+
+@foreign_keywords(
+    dict.fromkeys(
+        NEW_GROUP_KEYWORDS,
+        (
+            "ignite.distributed.new_group (for torch.distributed.new_group)",
+            "unidist's groups use the session's backend and timeout; give only the ranks",
+        ),
+    )
+)
 def new_group(ranks: Sequence[int]) -> Group:
     """Create a group of global ranks. Every rank must call it, members or not (as in torch).
 

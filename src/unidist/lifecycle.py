@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from unidist import _env, _state
 from unidist._comm import listen, transport
 from unidist._comm.control import ControlPlane
+from unidist._migration import foreign_keywords
 from unidist._state import Session
 from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.adapters import registry
@@ -54,6 +55,27 @@ DEFAULT_TIMEOUT = 300.0
 _GLOO_DRAIN_SECONDS = 0.1
 
 
+#: Keywords of torch's ``init_process_group`` that Ignite's ``initialize(backend, **kwargs)``
+#: passes on; unidist takes them from the launcher's environment instead.
+INIT_KEYWORDS_FROM_ENV = (
+    "init_method",
+    "world_size",
+    "rank",
+    "store",
+    "group_name",
+    "pg_options",
+    "device_id",
+    "enable_reconfigure",  # newer torch (not in 2.7)
+)
+_FROM_ENV = (
+    "ignite.distributed.initialize (for torch's init_process_group)",
+    "unidist reads the rendezvous, rank and world size from the launcher's environment "
+    "(MASTER_ADDR/MASTER_PORT, RANK, WORLD_SIZE): start the processes with `unidist launch`, "
+    "torchrun or composer -n, and pass only backend= and timeout=",
+)
+
+
+@foreign_keywords(dict.fromkeys(INIT_KEYWORDS_FROM_ENV, _FROM_ENV))
 def initialize(
     backend: str | None = None,
     *,

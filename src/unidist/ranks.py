@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from unidist import _state, sync
+from unidist._migration import foreign_keywords
 from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:
@@ -99,6 +100,7 @@ def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
     return wrapper
 
 
+@foreign_keywords({"with_barrier": ("ignite.distributed.one_rank_only", "use barrier=")})
 def one_rank_only(
     rank: int = 0, barrier: bool = False, *, timeout: float | timedelta | None = None
 ) -> Callable[[Callable[P, R]], Callable[P, R | None]]:

@@ -1,0 +1,275 @@
+"""Every keyword of a Composer or Ignite function that unidist mirrors keeps its meaning or fails.
+
+The signatures are read from the installed packages (``inspect.signature``), so a keyword added
+upstream fails here until it has a verdict: accepted with the same meaning and default, or
+refused with an error that names unidist's spelling. A function of theirs that unidist has
+under the same name must be in the tables below, so a new one cannot slip through either.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import unidist
+from unidist._migration import POINTERS
+from unidist.placement import ddp_keywords
+
+
+@dataclass(frozen=True)
+class Same:
+    """Accepted by unidist's function under the same name, with the same default."""
+
+
+@dataclass(frozen=True)
+class Equivalent:
+    """Accepted under the same name; the defaults are spelt differently but mean the same."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """unidist's function refuses the keyword with an error containing ``fragment``."""
+
+    fragment: str
+    value: Any = 1
+
+
+@dataclass(frozen=True)
+class OnlyGroups:
+    """Accepted, but only unidist's ``Group``; their list of ranks or process group is refused."""
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """Their ``**kwargs``: each keyword of ``target`` (as they pass them on) gets a verdict.
+
+    ``verdict(name)`` says what unidist does with it; ``ours_takes`` whether unidist's
+    function passes such keywords on (it has ``**kwargs`` or the name itself).
+    """
+
+    target: Callable[[], set[str]]
+    verdict: Callable[[str], Any]
+
+
+Verdict = Same | Equivalent | Refused | OnlyGroups | Forwarded
+SAME = Same()
+GROUP = OnlyGroups()
+TENSOR = Refused("pass the tensor (or number) first, positionally")
+
+
+def _parameters(fn: Callable[..., Any], *skip: str) -> set[str]:
+    """The public keywords of ``fn`` (torch's private ``_name`` ones are no user's keywords)."""
+    kinds = inspect.signature(fn).parameters
+    return {
+        name
+        for name, parameter in kinds.items()
+        if name not in {"self", *skip}
+        and not name.startswith("_")
+        and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    }
+
+
+def _init_process_group() -> set[str]:
+    return _parameters(torch.distributed.init_process_group, "backend", "timeout")
+
+
+def _new_group() -> set[str]:
+    return _parameters(torch.distributed.new_group, "ranks")
+
+
+def _dataloader() -> set[str]:
+    return _parameters(torch.utils.data.DataLoader.__init__, "dataset")
+
+
+def _ddp() -> set[str]:
+    return _parameters(torch.nn.parallel.DistributedDataParallel.__init__, "module")
+
+
+def _loader_verdict(name: str) -> Verdict:
+    if name == "batch_size":
+        return Refused("pass global_batch_size=", 8)
+    if name == "batch_sampler":
+        return Refused("cannot shard a batch_sampler", [[0]])
+    return SAME  # a keyword of DataLoader: auto_dataloader passes it on (or takes it itself)
+
+
+def _ddp_verdict(name: str) -> Verdict:
+    if name == "device_ids":  # Ignite refuses it too (with CUDA): both set it themselves
+        return Refused("unidist sets DDP's device_ids", [0])
+    return SAME
+
+
+FROM_ENV = Refused("from the launcher's environment")
+
+COMPOSER: dict[str, dict[str, Verdict]] = {
+    "is_initialized": {},
+    "get_world_size": {},
+    "get_local_rank": {},
+    "get_local_world_size": {},
+    "get_node_rank": {},
+    "barrier": {"group": GROUP},
+    "all_reduce": {"tensor": TENSOR, "reduce_operation": Refused("use op="), "group": GROUP},
+    "broadcast": {
+        "tensor": TENSOR,
+        "src": Equivalent("Composer requires src; unidist defaults to rank 0"),
+        "group": GROUP,
+    },
+    "all_gather": {"tensor": SAME, "group": GROUP},
+    "all_gather_object": {"obj": SAME, "group": GROUP},
+    "get_sampler": {
+        "dataset": SAME,
+        "drop_last": SAME,
+        "shuffle": Equivalent("None means False unless sampler= is given (a unidist keyword)"),
+        "num_replicas": SAME,
+        "rank": SAME,
+        "seed": SAME,
+    },
+}
+
+IGNITE: dict[str, dict[str, Verdict]] = {
+    "initialize": {
+        "backend": Equivalent("Ignite requires it; unidist's None picks one by device"),
+        "kwargs": Forwarded(_init_process_group, lambda name: FROM_ENV),
+    },
+    "finalize": {},
+    "backend": {},
+    "available_backends": {},
+    "device": {},
+    "get_rank": {},
+    "get_world_size": {},
+    "get_local_rank": {},
+    "get_node_rank": {},
+    "show_config": {},
+    "all_reduce": {
+        "tensor": TENSOR,
+        "op": Equivalent("'SUM' and 'sum' are one op: unidist reads any case"),
+        "group": GROUP,
+    },
+    "all_gather": {"tensor": SAME, "group": GROUP},
+    "broadcast": {"tensor": TENSOR, "src": SAME, "safe_mode": Refused("unidist.broadcast_object")},
+    "barrier": {},
+    "new_group": {
+        "ranks": SAME,
+        "kwargs": Forwarded(_new_group, lambda name: Refused("session's backend and timeout")),
+    },
+    "one_rank_only": {"rank": SAME, "with_barrier": Refused("use barrier=")},
+    "one_rank_first": {"rank": SAME, "local": SAME},
+    "auto_dataloader": {"dataset": SAME, "kwargs": Forwarded(_dataloader, _loader_verdict)},
+    "auto_model": {
+        "model": SAME,
+        "sync_bn": Refused("use sync_batchnorm=True", True),
+        "kwargs": Forwarded(_ddp, _ddp_verdict),
+    },
+    "auto_optim": {
+        "optimizer": SAME,
+        # Ignite passes them to Horovod's DistributedOptimizer; so does unidist with via="ignite".
+        "kwargs": Forwarded(lambda: {"backward_passes_per_step"}, lambda name: SAME),
+    },
+    # unidist.spawn(fn, *args, nproc=N) has another call shape; Ignite's keywords fail at once.
+    "spawn": {
+        "backend": Equivalent("a keyword of unidist.spawn too (Ignite's first positional)"),
+        "fn": SAME,
+        "args": Refused("args"),
+        "kwargs_dict": Refused("kwargs_dict"),
+        "nproc_per_node": Refused("nproc_per_node"),
+        "kwargs": Forwarded(lambda: {"master_addr", "node_rank"}, lambda name: Refused(name)),
+    },
+}
+
+
+def _call_with(name: str, keyword: str, value: Any) -> None:
+    """Call unidist's ``name`` with one foreign keyword and minimal other arguments."""
+    fn = getattr(unidist, name)
+    model = nn.Linear(2, 2)
+    leading: dict[str, tuple[Any, ...]] = {
+        "all_reduce": (torch.ones(1),),
+        "broadcast": (torch.ones(1),),
+        "all_gather": (torch.ones(1),),
+        "all_gather_object": (1,),
+        "new_group": ([0],),
+        "get_sampler": (range(4),),
+        "auto_dataloader": (range(4),),
+        "auto_model": (model,),
+        "auto_optim": (torch.optim.SGD(model.parameters(), lr=0.1),),
+        "spawn": (print,),
+    }
+    kwargs = {keyword: value}
+    if name == "auto_model":
+        kwargs["device"] = "cpu"
+    fn(*leading.get(name, ()), **kwargs)
+
+
+def _check(name: str, keyword: str, verdict: Verdict, theirs: inspect.Signature) -> None:
+    ours = inspect.signature(getattr(unidist, name)).parameters
+    forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in ours.values())
+    if isinstance(verdict, Same | Equivalent | OnlyGroups):
+        assert keyword in ours or forwards, f"unidist.{name} does not take {keyword}="
+        if isinstance(verdict, Same) and keyword in ours and keyword in theirs.parameters:
+            default = theirs.parameters[keyword].default
+            assert ours[keyword].default == default, (
+                f"unidist.{name}({keyword}=) defaults to {ours[keyword].default!r}, theirs to "
+                f"{default!r}"
+            )
+        if isinstance(verdict, OnlyGroups):
+            with pytest.raises(unidist.ConfigurationError, match=r"takes a unidist\.Group"):
+                _call_with(name, keyword, [0])
+    elif isinstance(verdict, Refused):
+        with pytest.raises((TypeError, unidist.ConfigurationError)) as caught:
+            _call_with(name, keyword, verdict.value)
+        assert verdict.fragment in str(caught.value), str(caught.value)
+    else:
+        raise AssertionError(f"no check for {verdict!r}")
+
+
+def _walk(module: Any, table: dict[str, dict[str, Verdict]]) -> None:
+    shared = {
+        name
+        for name in dir(module)
+        if not name.startswith("_")
+        and inspect.isfunction(getattr(module, name))
+        and hasattr(unidist, name)
+        and name not in POINTERS
+    }
+    assert shared <= set(table), f"no verdicts for {sorted(shared - set(table))}"
+    for name, verdicts in table.items():
+        theirs = inspect.signature(getattr(module, name))
+        keywords = {
+            p.name if p.kind is not inspect.Parameter.VAR_KEYWORD else "kwargs"
+            for p in theirs.parameters.values()
+        }
+        assert keywords == set(verdicts), (
+            f"{module.__name__}.{name}{theirs}: verdicts for {sorted(verdicts)}; "
+            f"missing {sorted(keywords - set(verdicts))}, stale {sorted(set(verdicts) - keywords)}"
+        )
+        for keyword, verdict in verdicts.items():
+            if isinstance(verdict, Forwarded):
+                for forwarded in sorted(verdict.target()):
+                    _check(name, forwarded, verdict.verdict(forwarded), theirs)
+            else:
+                _check(name, keyword, verdict, theirs)
+
+
+@pytest.mark.composer
+def test_every_keyword_of_composer_dist_keeps_its_meaning_or_fails() -> None:
+    from composer.utils import dist
+
+    _walk(dist, COMPOSER)
+
+
+@pytest.mark.ignite
+def test_every_keyword_of_ignite_distributed_keeps_its_meaning_or_fails() -> None:
+    import ignite.distributed as idist
+
+    _walk(idist, IGNITE)
+
+
+def test_ddp_keywords_are_what_auto_model_passes_on() -> None:
+    assert ddp_keywords() == _ddp() - {"device_ids"}
