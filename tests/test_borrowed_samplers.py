@@ -152,3 +152,9 @@ def test_auto_epoch_is_the_explicit_way_to_advance_without_set_epoch(kind: str) 
     assert list(advancing) != first
     assert advancing.epoch == 1
     assert list(itertools.islice(iter(sampler), 3)) == first[:3]
+
+
+@pytest.mark.parametrize("extra", [{"order": "fast"}, {"auto_epoch": True}])
+def test_a_native_sampler_refuses_unidists_own_choices(extra: dict[str, Any]) -> None:
+    with pytest.raises(unidist.ConfigurationError, match="are unidist's"):
+        unidist.get_sampler(range(8), native="torch", rank=0, num_replicas=1, **extra)

@@ -429,6 +429,12 @@ def get_sampler(
                 f"native samplers pad every rank to the same count; mode={mode!r} is unidist's. "
                 "HINT: use native=False for exact-once evaluation."
             )
+        if order != "torch" or auto_epoch:
+            raise ConfigurationError(
+                f"native={native!r} returns the framework's own sampler, which has torch's order "
+                f"and epochs; order={order!r}, auto_epoch={auto_epoch!r} are unidist's. "
+                "HINT: drop them, or use native=False."
+            )
         shuffled = check_flag(False if shuffle is None else shuffle, "shuffle")
         request = SamplerRequest(dataset, sampler, shuffled, drop_last, seed, me, world)
         return native_sampler(native, request)
