@@ -118,8 +118,9 @@ def _finish(report: Report) -> None:
     Every rank has been accounted for and its logs are written; tearing down torch here would
     only delay the exit code that schedulers and scripts wait for.
     """
-    if report.failed:
-        print(report.format(), file=sys.stderr, end="")
+    summary = report.format()  # a failure, or a success after restarts; nothing otherwise
+    if summary:
+        print(summary, file=sys.stderr, end="")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(report.exit_code)

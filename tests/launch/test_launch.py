@@ -7,6 +7,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -149,6 +150,12 @@ def test_a_restart_that_succeeds_is_a_success(tmp_path: Path, rendezvous: str) -
     folder = run_folder(tmp_path)
     assert "fails on the first attempt" in (folder / "attempt0" / "rank1.stderr.log").read_text()
     assert "rank 1 total 3.0" in (folder / "attempt1" / "rank1.stdout.log").read_text()
+    # One line says so, and what the replaced attempt died of (there was none).
+    summary = next(line for line in done.stderr.splitlines() if "succeeded" in line)
+    assert summary.startswith("unidist launch: all 2 ranks succeeded after 1 restart(s); ")
+    assert "attempt 0 failed: rank 1 (local rank 1) on " in summary
+    assert "raised ValueError: rank 1 fails on the first attempt" in summary
+    assert f"(log: {folder / 'attempt0' / 'rank1.stderr.log'})" in summary
 
 
 def test_a_reused_log_dir_never_reads_an_earlier_run(tmp_path: Path) -> None:
@@ -215,3 +222,35 @@ def test_no_python_runs_a_program(tmp_path: Path) -> None:
     failed = launch("-n", "2", "--no-python", "--log-dir", str(tmp_path), "sh", "-c", "exit 3")
     assert failed.returncode == 3, failed.stderr
     assert "exited with code 3" in failed.stderr
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 KiB file system (tmpfs), to fill up; skipped where mounting is not permitted."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", str(disk)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tiny tmpfs here (needs root): {mounted.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_log_disk_is_named_in_the_report(tiny_disk: Path) -> None:
+    # It ended with "exited with code 1 without a Python exception": the rank could write
+    # neither its traceback nor its record.
+    done = launch("-n", "2", "--no-console", "--log-dir", str(tiny_disk), JOB, "flood")
+    assert done.returncode == 1, done.stderr
+    culprit = next(line for line in done.stderr.splitlines() if "culprit:" in line)
+    assert "rank 1 (local rank 1)" in culprit
+    assert "without a Python exception" not in done.stderr
+    folder = run_folder(tiny_disk)
+    assert f"rank 1's log {folder / 'rank1.stdout.log'}" in done.stderr
+    assert ": No space left on device (ENOSPC)" in done.stderr
+    assert_nothing_left(tiny_disk)

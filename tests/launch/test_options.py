@@ -6,7 +6,11 @@ import argparse
 import dataclasses
 import errno
 import os
+import resource
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -379,3 +383,205 @@ def test_unwritable_log_places_fail_at_once_with_the_reason(
     assert f"'{blocker}' is a file, not a folder" in err
     assert "Traceback" not in err
     assert not list((tmp_path / "ok").glob("*")) if option != "--log-dir" else True
+
+
+# -- every input checked before anything is created ---------------------------------------------
+
+
+def _launch_bounded(
+    args: list[str], cwd: Path, limits: dict[int, int] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``unidist launch ARGS`` in a new process with resource limits (soft values), bounded in
+    memory (4 GiB of address space beyond the interpreter's) and time."""
+
+    def bound() -> None:
+        for which, soft in (limits or {}).items():
+            _, hard = resource.getrlimit(which)
+            resource.setrlimit(which, (soft, hard))
+
+    return subprocess.run(
+        [sys.executable, "-m", "unidist", "launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        preexec_fn=bound,
+    )
+
+
+def test_a_huge_console_rank_range_is_refused_without_expanding_it(tmp_path: Path) -> None:
+    # It was expanded into a set: 24 GB until the kernel killed the launcher. Bounded here to
+    # 8 GiB of address space, so that a regression fails instead of taking the machine down.
+    logs = tmp_path / "logs"
+    done = _launch_bounded(
+        ["-n", "2", "--log-dir", str(logs), "--console-ranks", "0-999999999999", JOB, "ok"],
+        tmp_path,
+        {resource.RLIMIT_AS: 8 << 30},
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--console-ranks '0-999999999999' names rank 999999999999" in done.stderr
+    assert "has ranks 0..1" in done.stderr
+    assert not logs.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--console-ranks", "2", "-n", "2"], "names rank 2, but the job (2 per node, one node)"),
+        (["--console-ranks", "3-1"], "the range 3-1 goes backwards"),
+        (["--local-ranks-filter", "0,4", "-n", "4"], "names rank 4, but a node (4 per node)"),
+        (["--timeout", "nan"], "--timeout nan is not a finite number of seconds"),
+        (["--grace", "inf"], "--grace inf is not a finite number of seconds"),
+        (["--shutdown-timeout", "nan"], "--shutdown-timeout nan is not a finite number"),
+        (["--exit-timeout", "inf"], "--exit-timeout inf is not a finite number of seconds"),
+        (["--exit-timeout", "-1"], "--exit-timeout -1: seconds must be more than 0 (or 0"),
+        (["--timeout", "1e400"], "--timeout inf is not a finite number"),
+        (["--timeout", "1e12"], "--timeout 1e+12 is more than a year"),
+        (["--monitor-interval", "nan"], "--monitor-interval nan is not a finite number"),
+        (["--monitor-interval", "1e-300"], "--monitor-interval 1e-300: seconds must be at least"),
+        (["--max-restarts", "-1"], "--max-restarts -1 is out of range: it must be from 0 to"),
+        (["--max-restarts", "10000000"], "--max-restarts 10000000 is out of range"),
+        (["--world-size", "0"], "--world-size 0 is out of range"),
+        (["--base-rank", "-1"], "--base-rank -1 is out of range: it must be 0 or more"),
+        (["--master-port", "70000"], "--master-port 70000 is out of range"),
+        (
+            ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "host\n:29400"],
+            "--rdzv-endpoint 'host\\n:29400' contains a space or a control character",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "node0:29400\t"],
+            "contains a space or a control character",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "[zz]:29400"],
+            "brackets hold an IPv6 address, and 'zz' is not one",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "a:b:29400"],
+            "an IPv6 address goes in brackets",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint=-bad-:29400"],
+            "the host '-bad-' is not a host name",
+        ),
+        (
+            ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:65536"],
+            "the port '65536' is not a TCP port (0 to 65535)",
+        ),
+        (
+            ["--nnodes", "2", "--node-rank", "1", "--master-addr", "node 0"],
+            "--master-addr 'node 0' contains a space or a control character",
+        ),
+        (
+            ["--nnodes", "2", "--node-rank", "1", "--master-addr", "300.1.2.3"],
+            "--master-addr '300.1.2.3' is not a valid IPv4 address",
+        ),
+        (["--local-addr", "a..b"], "--local-addr 'a..b' is not a host name"),
+        (["-n", "1000000000"], "unidist launch starts at most 4096 processes per node"),
+        (
+            [
+                "-n",
+                "1024",
+                "--nnodes",
+                "1:2000",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "h:1",
+            ],
+            "-n 1024 on up to 2000 node(s) is 2048000 ranks; unidist launch takes at most 1048576",
+        ),
+    ],
+)
+def test_bad_values_are_refused_at_once(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "--dry-run", *args, JOB)
+    assert code == 2, out
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "endpoint", ["node0:29400", "10.0.0.5:29400", "[fd00::5]:29400", "n_1.example.org."]
+)
+def test_good_endpoints_are_accepted(capsys: pytest.CaptureFixture[str], endpoint: str) -> None:
+    args = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    code, _, err = run(capsys, "--dry-run", *args, JOB)
+    assert code == 0, err
+
+
+def test_a_bad_endpoint_is_refused_before_the_rendezvous_waits(tmp_path: Path) -> None:
+    # torch's check of the host name lets a trailing newline through: 101 s of retries and 30
+    # C++ frames before the message.
+    started = time.monotonic()
+    done = _launch_bounded(
+        [
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "host\n:29400",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            JOB,
+            "ok",
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    assert "--rdzv-endpoint 'host\\n:29400' contains a space or a control character" in done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_too_many_processes_for_the_open_file_limit(tmp_path: Path) -> None:
+    # -n 99999 created 199,998 files and ended in an EMFILE traceback.
+    logs = tmp_path / "logs"
+    done = _launch_bounded(
+        ["-n", "100", "--log-dir", str(logs), "missing.py"], tmp_path, {resource.RLIMIT_NOFILE: 256}
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "-n 100 needs about 464 open files in the launcher" in done.stderr
+    assert "open-file limit (RLIMIT_NOFILE, `ulimit -n`) is 256; 48 rank(s) fit" in done.stderr
+    assert "ulimit -n 464" in done.stderr or "the hard limit is" in done.stderr
+    assert not logs.exists()
+
+
+def test_too_many_processes_for_the_process_limits(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from unidist.launch import checks
+
+    real = resource.getrlimit
+    monkeypatch.setattr(os, "getuid", lambda: 4242)  # root is not held to RLIMIT_NPROC
+    monkeypatch.setattr(
+        resource,
+        "getrlimit",
+        lambda which: (100, 100) if which == resource.RLIMIT_NPROC else real(which),
+    )
+    monkeypatch.setattr(checks, "_user_tasks", lambda: 90)
+    code, _, err = run(capsys, "--dry-run", "-n", "20", JOB)
+    assert code == 2
+    assert "may run 100 processes and threads (RLIMIT_NPROC, `ulimit -u`) and already" in err
+    assert "runs 90" in err
+    monkeypatch.setattr(checks, "_user_tasks", lambda: 10)
+    monkeypatch.setattr(checks, "_tasks_now", lambda: 32000)
+    monkeypatch.setattr(checks, "_read_int", lambda path: 32010 if "pid_max" in path else 10**6)
+    code, _, err = run(capsys, "--dry-run", "-n", "20", JOB)
+    assert code == 2
+    assert "the kernel allows only 32010 (kernel.pid_max, /proc/sys/kernel/pid_max)" in err
+    assert "10 fit" in err
+
+
+def test_a_log_place_blocked_by_a_folder_is_refused_before_anything_is_created(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "1.log").mkdir()  # where rank 1's stdout would go
+    logs = tmp_path / "logs"
+    stdout = str(tmp_path / "out" / "{rank}.log")
+    code, _, err = run(capsys, "-n", "2", "--log-dir", str(logs), "--stdout", stdout, JOB, "ok")
+    assert code == 2, err
+    assert f"the log file '{tmp_path / 'out' / '1.log'}' is a folder, not a file" in err
+    assert not logs.exists()
+    assert not (tmp_path / "out" / "0.log").exists()

@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from unidist.launch.plan import LaunchPlan
 from unidist.launch.records import Slot, Start
-from unidist.launch.report import Observed, analyse, exit_code_of, stack_excerpt
+from unidist.launch.report import (
+    Observed,
+    analyse,
+    check_logs,
+    exit_code_of,
+    stack_excerpt,
+    storage_problem,
+)
 
 PLAN = LaunchPlan(target="job.py", nproc=2)
 
@@ -130,3 +143,75 @@ def test_a_stopped_ranks_excerpt_shows_the_users_frames_last(tmp_path: Path) -> 
         "save_checkpoint",
     ]
     assert not [line for line in lines if "runpy" in line or "_bootstrap" in line]
+
+
+# -- a log that could not be written, and a success after restarts ------------------------------
+
+
+def _failing(errno_: int, where: str) -> Callable[..., Any]:
+    def fail(*args: object) -> None:
+        raise OSError(errno_, os.strerror(errno_))
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "words"),
+    [
+        ("write", errno.ENOSPC, "No space left on device (ENOSPC)"),
+        ("write", errno.EDQUOT, "Disk quota exceeded (EDQUOT)"),
+        ("fsync", errno.EIO, "Input/output error (EIO)"),
+        ("write", errno.EACCES, None),  # not the storage's fault: no claim
+    ],
+)
+def test_storage_problems_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, code: int, words: str | None
+) -> None:
+    assert storage_problem(tmp_path) is None
+    monkeypatch.setattr(os, call, _failing(code, call))
+    assert storage_problem(tmp_path) == words
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []  # the probe leaves nothing behind
+
+
+def test_a_rank_whose_log_disk_is_full_is_reported_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A full log disk ended with "exited with code 1 without a Python exception": the rank
+    # could not even write its traceback or its record.
+    start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
+    seen = Observed(stopped={0: 7}, gone={1: 5, 0: 8}, status={1: 1, 0: -15}, failed={1})
+    report = analyse(start, tmp_path / ".events", {1: 1}, seen, PLAN)
+    monkeypatch.setattr(os, "write", _failing(errno.ENOSPC, "write"))
+    check_logs(report)
+    monkeypatch.undo()
+    text = report.format()
+    culprit = next(line for line in text.splitlines() if "culprit:" in line)
+    assert "rank 1 (local rank 1) on h: exited with code 1 when its log could not be written" in (
+        culprit
+    )
+    assert "without a Python exception" not in text
+    logs = f"{tmp_path / 'rank1.out'}, {tmp_path / 'rank1.err'}"
+    assert f"rank 1's log {logs}: No space left on device (ENOSPC)" in text
+    assert "rank 0's log" not in text  # stopped by the launcher: its log is not the story
+
+
+def test_a_success_after_restarts_says_so(tmp_path: Path) -> None:
+    first = start_with(tmp_path, {"start:0": {}, "start:1": {}, "error:1": error("raised", 5)}, 0)
+    seen = Observed(gone={1: 5}, status={1: 1}, failed={1})
+    earlier = analyse(first, tmp_path / ".events", {}, seen, PLAN)
+    last = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}, "done:1": {}}, 1)
+    report = analyse(last, tmp_path / ".events", {}, Observed(status={0: 0, 1: 0}), PLAN)
+    assert report.format() == ""  # a success at once prints nothing
+    report.earlier = [earlier]
+    assert report.exit_code == 0
+    assert report.format() == (
+        "unidist launch: all 2 ranks succeeded after 1 restart(s); attempt 0 failed: rank 1 "
+        "(local rank 1) on h: raised ValueError: boom, exit code 1 "
+        f"(log: {tmp_path / 'rank1.err'}).\n"
+    )
+    report.several_nodes = True
+    assert report.format().startswith("unidist launch: all 2 ranks on this node succeeded")
+    failed = analyse(first, tmp_path / ".events", {1: 1}, seen, PLAN)
+    failed.earlier = [earlier]
+    assert "  after 1 restart(s): attempt 0 failed: rank 1" in failed.format()

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.launch.helpers import JOB, launch
+from unidist.errors import ConfigurationError
 from unidist.launch import rundir
+from unidist.launch.plan import LaunchPlan
+from unidist.launch.runner import Run
 
 
 @pytest.fixture
@@ -82,3 +85,139 @@ def test_a_launch_beside_another_users_folder_works(tmp_path: Path) -> None:
     done = launch("-n", "2", "--no-console", JOB, "ok", env={"TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert list(elsewhere.iterdir()) == []
+
+
+# -- log files in folders other users can write to ------------------------------------------------
+
+
+def test_a_planted_link_at_a_log_path_is_never_followed(tmp_path: Path) -> None:
+    # In a shared sticky folder (/tmp, a team's /scratch) another user plants out0.log -> a file
+    # of the victim's (the user who launches): the launcher emptied and overwrote it.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "out0.log"
+    link.symlink_to(victim)
+    with pytest.raises(ConfigurationError, match="is a symbolic link") as caught:
+        rundir.private_file(link)
+    assert str(link) in str(caught.value)
+    assert victim.read_text() == "precious"
+    assert link.is_symlink()
+
+
+def test_a_hard_link_a_fifo_or_a_folder_is_never_a_log_file(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    os.link(victim, tmp_path / "linked.log")
+    with pytest.raises(ConfigurationError, match="has 2 hard links"):
+        rundir.private_file(tmp_path / "linked.log")
+    assert victim.read_text() == "precious"
+    os.mkfifo(tmp_path / "fifo.log")
+    with pytest.raises(ConfigurationError, match="is not a regular file"):
+        rundir.private_file(tmp_path / "fifo.log")  # at once: no writer waiting for a reader
+    (tmp_path / "folder.log").mkdir()
+    with pytest.raises(ConfigurationError, match="cannot write the log file"):
+        rundir.private_file(tmp_path / "folder.log")
+
+
+def test_a_launch_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /tmp: anyone may create files, only owners remove them
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (shared / "out0.log").symlink_to(victim)
+    logs = tmp_path / "logs"
+    stdout = str(shared / "out{rank}.log")
+    done = launch("-n", "2", "--log-dir", str(logs), "--stdout", stdout, JOB, "ok")
+    assert done.returncode == 2, done.stderr
+    assert f"the log file '{shared / 'out0.log'}' is a symbolic link" in done.stderr
+    assert victim.read_text() == "precious"
+    assert not logs.exists()  # refused before anything was created
+    assert sorted(p.name for p in shared.iterdir()) == ["out0.log"]
+
+
+def _run_with_template(tmp_path: Path, folder: Path) -> Run:
+    plan = LaunchPlan(
+        target="job.py", nproc=2, stdout=str(folder / "out{rank}.log"), log_root=tmp_path
+    )
+    run = Run(plan, rundir.create_run_folder(tmp_path), hand_over=True)
+    envs = {local: {"RANK": str(local), "WORLD_SIZE": "2", "GROUP_RANK": "0"} for local in (0, 1)}
+    run.begin(envs)
+    return run
+
+
+def test_torchs_agent_gets_the_files_unidist_created(tmp_path: Path) -> None:
+    # torch's agent opens a script rank's log files itself, by name: in a folder where another
+    # user may rename files, a link could replace unidist's file before that open. It gets
+    # unidist's open file (/proc/self/fd/N) instead, whatever is at the path by then.
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    run = _run_with_template(tmp_path, shared)
+    try:
+        slot = run.current.slots[0]  # type: ignore[union-attr]
+        given, _ = run.log_dest(slot)
+        assert given.startswith("/proc/self/fd/")
+        victim = tmp_path / "victim.txt"
+        victim.write_text("precious")
+        slot.stdout.rename(tmp_path / "moved.log")  # what another user could do here
+        slot.stdout.symlink_to(victim)
+        with open(given, "w") as out:  # as torch's SubprocessHandler opens it
+            out.write("rank output")
+        assert victim.read_text() == "precious"
+        assert (tmp_path / "moved.log").read_text() == "rank output"
+    finally:
+        run.release()
+    private = tmp_path / "mine"
+    private.mkdir(mode=0o700)
+    run = _run_with_template(tmp_path, private)
+    slot = run.current.slots[1]  # type: ignore[union-attr]
+    assert run.log_dest(slot) == (str(private / "out1.log"), str(slot.stderr))
+
+
+@pytest.mark.multiprocess
+def test_a_launch_into_a_folder_others_may_write_to(tmp_path: Path) -> None:
+    shared = tmp_path / "open"
+    shared.mkdir()
+    shared.chmod(0o777)
+    done = launch(
+        "-n",
+        "2",
+        "--log-dir",
+        str(tmp_path / "logs"),
+        "--stdout",
+        str(shared / "out{rank}.log"),
+        "--stderr",
+        str(shared / "err{rank}.log"),
+        JOB,
+        "ok",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "[rank1]: rank 1 total 3.0" in done.stdout
+    assert "rank 1 total 3.0" in (shared / "out1.log").read_text()
+    assert "hello on stderr" in (shared / "err0.log").read_text()
+    assert mode(shared / "out0.log") == 0o600
+
+
+def test_another_users_link_in_a_shared_folder_is_not_followed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from unidist.cli import main
+
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    mine = tmp_path / "project"
+    mine.mkdir()
+    (mine / "0.log").write_text("precious")
+    link = shared / "logs"
+    link.symlink_to(mine)
+    try:
+        os.lchown(link, 4242, 4242)  # planted by user 4242
+    except PermissionError:
+        pytest.skip("making a link of another user's needs root")
+    code = main(["launch", "--dry-run", "--stdout", str(link / "{rank}.log"), JOB])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"'{link}' is a symbolic link of another user's (uid 4242) in a shared folder" in err
+    assert (mine / "0.log").read_text() == "precious"

@@ -4,7 +4,8 @@ Modes: ok, raise, exit7, sigkill, hang, orphan, wait (sleep until stopped), ling
 keeps running after the job is done), flaky (rank 1 raises on the first attempt only), exit0
 (rank 1 leaves with os._exit(0) while rank 0 still saves a checkpoint to $CHECKPOINT),
 closedout (rank 1 closes its stdout, then exits with code 5), grow (a world of one waits to be
-restarted by torch's agent when a second node joins).
+restarted by torch's agent when a second node joins), flood (rank 1 prints until its log's disk
+is full).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "flaky" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
         raise ValueError("rank 1 fails on the first attempt")
+    if mode == "flood":
+        while True:  # until the disk of its log is full: print raises OSError (ENOSPC)
+            print("x" * 1000)
     if mode == "closedout":
         sys.stdout.close()
         sys.exit(5)

@@ -25,7 +25,7 @@ from typing import BinaryIO, TextIO
 
 from unidist.errors import ConfigurationError
 
-__all__ = ["Console", "ConsoleSpec", "Renderer", "parse_ranks", "parse_std"]
+__all__ = ["Console", "ConsoleSpec", "RankSet", "Renderer", "parse_ranks", "parse_std"]
 
 _STREAM_BITS = {"stdout": 1, "stderr": 2}
 #: A cursor movement (ESC[nA up, ESC[K erase to the end of the row), a line break, or text.
@@ -49,8 +49,8 @@ class ConsoleSpec:
     """
 
     enabled: bool = True
-    ranks: frozenset[int] | None = None
-    local_ranks: frozenset[int] | None = None
+    ranks: RankSet | None = None
+    local_ranks: RankSet | None = None
     hidden: Mapping[int, int] = field(default_factory=dict)
     prefix: str = "[rank${rank}]: "
 
@@ -72,29 +72,85 @@ class ConsoleSpec:
         )
 
 
-def parse_ranks(text: str | None, option: str) -> frozenset[int] | None:
-    """``"0,2-3"`` -> {0, 2, 3}; ``"all"`` or None -> None; ``"none"`` -> nothing.
+@dataclass(frozen=True, eq=False)
+class RankSet:
+    """Ranks as sorted, disjoint ranges (``0-999999`` is one pair, never a million numbers).
+
+    ``rank in ranks`` tests membership; a RankSet equals a set of the same ranks.
+    """
+
+    spans: tuple[tuple[int, int], ...] = ()  # inclusive (low, high), sorted, disjoint
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, int) and any(low <= rank <= high for low, high in self.spans)
+
+    def __len__(self) -> int:
+        return sum(high - low + 1 for low, high in self.spans)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RankSet):
+            return self.spans == other.spans
+        if isinstance(other, (set, frozenset)):
+            return len(other) == len(self) and all(rank in self for rank in other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.spans)
+
+
+def parse_ranks(
+    text: str | None, option: str, limit: int | None = None, what: str = "the job"
+) -> RankSet | None:
+    """``"0,2-3"`` -> ranks {0, 2, 3}; ``"all"`` or None -> None; ``"none"`` -> no rank.
+
+    Ranges stay ranges: nothing is expanded, whatever their size.
+
+    Args:
+        limit: ranks go from 0 to ``limit - 1`` (None: unbounded); a rank beyond is an error.
+        what: whose ranks they are, for the message (``"the job"``).
 
     Raises:
-        ConfigurationError: not a list of ranks and ranges.
+        ConfigurationError: not a list of ranks and ranges, or a rank the job does not have.
     """
     if text is None or text.strip().lower() == "all":
         return None
     if text.strip().lower() == "none":
-        return frozenset()
-    ranks: set[int] = set()
+        return RankSet()
+    spans: list[tuple[int, int]] = []
     try:
         for part in text.split(","):
-            low, _, high = part.strip().partition("-")
-            ranks.update(range(int(low), int(high or low) + 1))
+            low_text, dash, high_text = part.strip().partition("-")
+            if not low_text.strip().isdigit() or (dash and not high_text.strip().isdigit()):
+                raise ValueError(part)
+            low = int(low_text)
+            high = int(high_text) if dash else low
+            spans.append((low, high))
     except ValueError:
         raise ConfigurationError(
             f"{option} {text!r} is not a list of ranks. HINT: e.g. {option} 0 or {option} "
             "0,2-3 ('all' or 'none' also work)."
         ) from None
-    if not ranks:
+    for low, high in spans:
+        if high < low:
+            raise ConfigurationError(
+                f"{option} {text!r}: the range {low}-{high} goes backwards. HINT: write it "
+                f"low-high, e.g. {option} {high}-{low}."
+            )
+    if not spans:
         raise ConfigurationError(f"{option} {text!r} names no rank. HINT: e.g. {option} 0.")
-    return frozenset(ranks)
+    highest = max(high for _, high in spans)
+    if limit is not None and highest >= limit:
+        raise ConfigurationError(
+            f"{option} {text!r} names rank {highest}, but {what} has ranks 0..{limit - 1}. "
+            f"HINT: name ranks below {limit}, or 'all'."
+        )
+    merged: list[tuple[int, int]] = []
+    for low, high in sorted(spans):
+        if merged and low <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], high))
+        else:
+            merged.append((low, high))
+    return RankSet(tuple(merged))
 
 
 def parse_std(text: str | None, option: str) -> dict[int, int]:
@@ -306,11 +362,12 @@ class _Follow:
 
     def read(self) -> str:
         if self.handle is None:
-            try:
-                self.handle = open(self.path, "rb")  # noqa: SIM115 - kept open while followed
+            try:  # never through a link: the file is the one unidist created
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 return ""
-        return self.decoder.decode(self.handle.read())
+            self.handle = os.fdopen(fd, "rb")  # kept open while followed
+        return self.decoder.decode(self.handle.read() or b"")
 
 
 class Console(threading.Thread):

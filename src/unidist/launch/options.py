@@ -108,7 +108,8 @@ def _sizing(parser: argparse.ArgumentParser) -> None:
         "--nproc",
         default=None,
         help="processes on this node: a number; 'auto' (one per GPU, else 1); 'gpu'; 'cpu' (one "
-        "per CPU core). Default 1",
+        "per CPU core). Default 1; at most 4096, and what the open-file limit (ulimit -n: about "
+        "4 files per rank) and the process limits allow, checked before anything starts",
     )
     add(
         *_both("--nproc-per-node"),
@@ -246,7 +247,7 @@ def _logs(parser: argparse.ArgumentParser) -> None:
         "--console-ranks",
         default=None,
         help="global ranks whose output reaches this console, e.g. 0 or 0,2-3, 'all' (default) "
-        "or 'none'; the log files always get everything",
+        "or 'none'; ranks the job does not have are refused; the log files always get everything",
     )
     add(
         *_both("--local-ranks-filter"),

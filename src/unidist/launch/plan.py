@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from unidist.errors import ConfigurationError
-from unidist.launch import rundir
+from unidist.launch import checks, rundir
 from unidist.launch.console import ConsoleSpec, parse_ranks, parse_std
 from unidist.launch.options import add_arguments
 from unidist.launch.rendezvous import Rendezvous, resolve
@@ -146,22 +146,29 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
     Raises:
         ConfigurationError: what is wrong and how to fix it.
     """
+    checks.check_numbers(args)
+    checks.check_endpoint(args.rdzv_endpoint, "--rdzv-endpoint")
+    checks.check_host(args.master_addr, "--master-addr")
+    checks.check_host(args.local_addr, "--local-addr")
     nproc, note = _nproc(args)
+    option = "--nproc-per-node" if args.nproc_per_node is not None else "-n"
+    templates = args.stdout is not None or args.stderr is not None
     notes = [note] if note else []
     rdzv = resolve(args, nproc, notes)
+    checks.check_capacity(nproc, rdzv.max_nodes, args.console, templates, option)
+    checks.check_endpoint(rdzv.endpoint, "the rendezvous endpoint")
     _check_target(args.target, args.module, args.no_python)
     if args.module and args.no_python:
         raise ConfigurationError("-m and --no-python contradict each other. HINT: keep one.")
     _check_templates(args.stdout, args.stderr)
     grace = args.grace if args.grace is not None else args.shutdown_timeout
     grace = 3.0 if grace is None else grace
-    _check_times(args, grace)
     if args.start_method is not None:
         notes.append(
             f"--start-method {args.start_method}: a script starts as a new process "
             "(torchrun ignores the start method for scripts too)"
         )
-    return LaunchPlan(
+    plan = LaunchPlan(
         target=args.target,
         module=args.module,
         no_python=args.no_python,
@@ -174,27 +181,18 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
         log_root=Path(args.log_dir) if args.log_dir else None,
         stdout=args.stdout,
         stderr=args.stderr,
-        console=_console(args, rdzv),
+        console=_console(args, rdzv, nproc),
         timeout=args.timeout,
         grace=grace,
         exit_timeout=args.exit_timeout,
         torch_options=_torch_options(args),
         notes=tuple(notes),
     )
+    check_log_places(plan)
+    return plan
 
 
-def _check_times(args: argparse.Namespace, grace: float) -> None:
-    if grace <= 0 or (args.timeout is not None and args.timeout <= 0):
-        raise ConfigurationError("--grace and --timeout must be positive numbers of seconds.")
-    if args.exit_timeout < 0:
-        raise ConfigurationError("--exit-timeout must be 0 (wait for ever) or positive.")
-    if args.max_restarts < 0:
-        raise ConfigurationError(f"--max-restarts {args.max_restarts} must be 0 or more.")
-    if not args.monitor_interval > 0:
-        raise ConfigurationError("--monitor-interval must be a positive number of seconds.")
-
-
-def _console(args: argparse.Namespace, rdzv: Rendezvous) -> ConsoleSpec:
+def _console(args: argparse.Namespace, rdzv: Rendezvous, nproc: int) -> ConsoleSpec:
     redirects = parse_std(args.redirects, "--redirects")
     tee = parse_std(args.tee, "--tee")
     hidden = {
@@ -205,10 +203,16 @@ def _console(args: argparse.Namespace, rdzv: Rendezvous) -> ConsoleSpec:
     prefix = args.log_line_prefix_template or (
         "[${hostname} rank${rank}]: " if several else "[rank${rank}]: "
     )
+    world = rdzv.max_nodes * nproc
+    nodes = f"{rdzv.max_nodes} node(s)" if rdzv.max_nodes > 1 else "one node"
     return ConsoleSpec(
         enabled=args.console,
-        ranks=parse_ranks(args.console_ranks, "--console-ranks"),
-        local_ranks=parse_ranks(args.local_ranks_filter, "--local-ranks-filter"),
+        ranks=parse_ranks(
+            args.console_ranks, "--console-ranks", world, f"the job ({nproc} per node, {nodes})"
+        ),
+        local_ranks=parse_ranks(
+            args.local_ranks_filter, "--local-ranks-filter", nproc, f"a node ({nproc} per node)"
+        ),
         hidden=hidden,
         prefix=prefix,
     )
@@ -301,28 +305,61 @@ def _check_templates(stdout: str | None, stderr: str | None) -> None:
         )
 
 
+def _values(plan: LaunchPlan, local: int) -> dict[str, int]:
+    """The template placeholders of this node's local rank ``local`` in the first start."""
+    node = plan.rdzv.node_rank or 0
+    return {
+        **_PLACEHOLDERS,
+        "rank": node * plan.nproc + local,
+        "local_rank": local,
+        "node_rank": node,
+        "world_size": plan.rdzv.min_nodes * plan.nproc,
+        "local_world_size": plan.nproc,
+    }
+
+
+def check_log_places(plan: LaunchPlan) -> None:
+    """Before anything is created: the log folder and every log file of the templates can be
+    written, and no folder, link or other user's file stands where a log file would go.
+
+    Raises:
+        ConfigurationError: the place and the reason.
+    """
+    if plan.log_root is not None:
+        checks.check_log_folder(plan.log_root, "cannot create a run folder in")
+    if plan.stdout is None and plan.stderr is None:
+        return  # every file goes into the new private run folder
+    marker = Path("/nonexistent-unidist-run")  # the run folder: new, so nothing is there yet
+    files: list[Path] = []
+    for local in range(plan.nproc):
+        files.extend(
+            path
+            for path in plan.log_paths(marker, **_values(plan, local))
+            if marker not in path.parents
+        )
+    for folder in checks.unique(path.parent for path in files):
+        checks.check_log_folder(folder, "cannot write log files to")
+    for path in checks.unique(files):
+        checks.check_log_file(path)
+
+
 def probe_templates(plan: LaunchPlan, folder: Path) -> None:
     """Fail before anything starts if this node's log files cannot be written.
 
     Raises:
         ConfigurationError: the folder a log file goes to cannot be created or written.
     """
-    node = plan.rdzv.node_rank or 0
-    for local in range(plan.nproc):
-        values = {
-            **_PLACEHOLDERS,
-            "rank": node * plan.nproc + local,
-            "local_rank": local,
-            "node_rank": node,
-            "local_world_size": plan.nproc,
-        }
-        for path in plan.log_paths(folder, **values):
-            try:
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                tempfile.TemporaryFile(dir=path.parent).close()
-            except OSError as exc:
-                raise ConfigurationError(
-                    f"cannot write log files to {str(path.parent)!r} "
-                    f"({rundir.why(path.parent, exc)}). HINT: choose a writable place with "
-                    "--log-dir, --stdout or --stderr."
-                ) from None
+    folders = checks.unique(
+        path.parent
+        for local in range(plan.nproc)
+        for path in plan.log_paths(folder, **_values(plan, local))
+    )
+    for parent in folders:
+        try:
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot write log files to {str(parent)!r} ({rundir.why(parent, exc)}). HINT: "
+                "choose a writable place with --log-dir, --stdout or --stderr."
+            ) from None

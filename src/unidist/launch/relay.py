@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
+from unidist._comm.link import Link, connect_within
+
 __all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
 
 #: Seconds between two looks at the store.
@@ -138,6 +140,7 @@ class Relay(threading.Thread):
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._store: Any = None
+        self._link: Link | None = None  # keeps the deadline of the connection
         self._round: tuple[str, int, int] | None = None  # (generation, world size, nproc)
         self._pending: Failure | None = None
         self._published = threading.Event()
@@ -227,21 +230,19 @@ class Relay(threading.Thread):
 
     def _connect(self) -> Any:
         if self._store is None:
-            import torch.distributed as dist
-
             host, port = self._address
             # A plain connection first: torch's client retries a refused or silent address
             # until its timeout, logging an error for each try, and cannot be interrupted at
             # exit; the store is often gone at the end of a job (its host's launcher left).
             with socket.create_connection((host, port), timeout=DEADLINE):
                 pass
-            self._store = dist.TCPStore(
-                host,
-                port,
-                is_master=False,
-                timeout=timedelta(seconds=DEADLINE),
-                wait_for_workers=False,
+            # torch's client bounds only its waits; the link bounds every round trip, so a
+            # stopped launcher that hosts the store costs DEADLINE, not a hang.
+            link = connect_within(
+                host, port, timedelta(seconds=DEADLINE), f"the rendezvous store at {host}:{port}"
             )
+            link.limit(DEADLINE)
+            self._link, self._store = link, link.store
         return self._store
 
     def _call(self, operation: Any) -> Any:

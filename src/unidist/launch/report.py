@@ -14,8 +14,12 @@ names the culprit on every node. Only the last start of the ranks counts: a fail
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import re
 import signal
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,9 +35,11 @@ __all__ = [
     "RankOutcome",
     "Report",
     "analyse",
+    "check_logs",
     "exit_code_of",
     "outcome_of",
     "stack_excerpt",
+    "storage_problem",
 ]
 
 _TAIL_LINES = 15
@@ -71,6 +77,8 @@ class RankOutcome:
     stdout: Path
     stderr: Path
     remote: bool = False  # on another node: its launcher told this one (stdout, stderr: there)
+    #: Why its log files could not be written (a full disk, an I/O error), if they could not.
+    log_error: str | None = None
 
 
 @dataclass
@@ -81,6 +89,10 @@ class Report:
     culprit: RankOutcome | None
     exit_code: int
     interrupted: str | None = None
+    #: The reports of the starts a restart replaced (``--max-restarts``), oldest first.
+    earlier: list[Report] = field(default_factory=list)
+    #: Whether the job spans several nodes (the summary then counts this node's ranks).
+    several_nodes: bool = False
 
     @property
     def failed(self) -> bool:
@@ -88,14 +100,25 @@ class Report:
         return self.exit_code != 0
 
     def format(self) -> str:
-        """The summary printed at the end of a failed run."""
+        """The summary printed at the end of a run: what failed, or, for a job that succeeded
+        after restarts, one line saying so and what each replaced attempt died of. Empty for a
+        job that succeeded at once."""
         if not self.failed:
-            return ""
+            if not self.earlier:
+                return ""
+            where = " on this node" if self.several_nodes else ""
+            return (
+                f"unidist launch: all {len(self.outcomes)} ranks{where} succeeded after "
+                f"{len(self.earlier)} restart(s); {self._history()}.\n"
+            )
         lines = [f"unidist launch: the job failed (exit code {self.exit_code})."]
         if self.interrupted:
             lines[0] = f"unidist launch: interrupted by {self.interrupted}; every rank was stopped."
+        if self.earlier:
+            lines.append(f"  after {len(self.earlier)} restart(s): {self._history()}")
         if self.culprit is not None:
             lines.append(f"  culprit: {_describe(self.culprit)}")
+            lines.extend(_log_error(self.culprit))
             lines.extend(_excerpt(self.culprit))
         others = [o for o in self.outcomes if o is not self.culprit and o.status != "ok"]
         for title, kinds in (
@@ -107,14 +130,99 @@ class Report:
                 lines.append(f"  {title}:")
                 for outcome in group:
                     lines.append(f"    {_describe(outcome)}")
+                    lines.extend("  " + line for line in _log_error(outcome))
                     lines.extend("  " + line for line in _excerpt(outcome, 6))
         return "\n".join(lines) + "\n"
+
+    def _history(self) -> str:
+        """``attempt 0 failed: rank 1 ... (logs: ...); attempt 1 ...`` for the earlier starts."""
+        parts = []
+        for attempt, report in enumerate(self.earlier):
+            culprit = report.culprit
+            if culprit is None:
+                failed = [o for o in report.outcomes if o.status not in ("ok", "stopped")]
+                culprit = failed[0] if failed else None
+            if culprit is None:
+                parts.append(
+                    f"attempt {attempt} was restarted without a failure of this node's ranks "
+                    "(another node failed, or the nodes changed)"
+                )
+                continue
+            parts.append(
+                f"attempt {attempt} failed: {_describe(culprit)} (log: {culprit.stderr})"
+                + (f"; {culprit.log_error}" if culprit.log_error else "")
+            )
+        return "; ".join(parts)
 
 
 def _describe(o: RankOutcome) -> str:
     code = "" if o.exit_code is None else f", exit code {o.exit_code}"
     told = f" (reported by the launcher on {o.host})" if o.remote else ""
     return f"rank {o.rank} (local rank {o.local_rank}) on {o.host}: {o.detail}{code}{told}"
+
+
+def _log_error(o: RankOutcome) -> list[str]:
+    return [f"      {o.log_error}"] if o.log_error else []
+
+
+#: Errors that mean the storage of a log failed (not the program).
+_STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS}
+
+
+def storage_problem(folder: Path) -> str | None:
+    """Why files cannot be written in ``folder`` now: ``No space left on device (ENOSPC)``, a
+    disk quota, an I/O error or a read-only file system; None if a page writes and syncs.
+
+    Tries it: a hidden file of one page, written, synced and removed.
+    """
+    fd = -1
+    name = None
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".unidist-probe-")
+        os.write(fd, b"\n" * 4096)
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno in _STORAGE_ERRORS:
+            return f"{os.strerror(exc.errno)} ({errno.errorcode[exc.errno]})"
+        return None
+    finally:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+    return None
+
+
+def check_logs(report: Report) -> None:
+    """Name the logs of failed ranks that could not be written (a full disk, an I/O error):
+    the likely cause of their failure, which the rank itself may have had no way to report."""
+    probed: dict[Path, str | None] = {}
+    for o in report.outcomes:
+        if o.status not in ("ok", "stopped"):
+            _check_logs(o, probed)
+
+
+def _check_logs(o: RankOutcome, probed: dict[Path, str | None]) -> None:
+    """Name a log that could not be written, the likely cause of a rank's failure."""
+    found: dict[str, list[Path]] = {}
+    for path in dict.fromkeys((o.stdout, o.stderr)):
+        if path.parent not in probed:
+            probed[path.parent] = storage_problem(path.parent)
+        why = probed[path.parent]
+        if why is not None:
+            found.setdefault(why, []).append(path)
+    if not found:
+        return
+    o.log_error = "; ".join(
+        f"rank {o.rank}'s log {', '.join(str(p) for p in paths)}: {why}"
+        for why, paths in found.items()
+    )
+    if o.status == "crashed" and o.detail.endswith("without a Python exception"):
+        o.detail = o.detail.replace(
+            "without a Python exception", "when its log could not be written"
+        )
 
 
 def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
@@ -128,8 +236,10 @@ def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
+    try:  # never through a link: the log is the file unidist created
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as log:
+            return (log.read() or b"").decode(errors="replace")
     except OSError:
         return ""
 

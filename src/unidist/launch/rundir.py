@@ -11,6 +11,7 @@ instead. With ``--log-dir DIR`` each run gets a new folder inside DIR, as torchr
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -20,13 +21,16 @@ import uuid
 from pathlib import Path
 
 from unidist.errors import ConfigurationError
+from unidist.launch.checks import existing_problem
 
 __all__ = [
     "RUN_NAME_HINT",
     "create_run_folder",
     "default_root",
+    "open_private",
     "private_file",
     "remove",
+    "swappable",
     "why",
 ]
 
@@ -88,24 +92,76 @@ def why(path: Path, exc: OSError) -> str:
     return str(exc.strerror or exc)
 
 
-def private_file(path: Path) -> None:
-    """Create (or empty) ``path`` with mode 0600, creating missing folders 0700.
+def open_private(path: Path) -> int:
+    """Create (or empty) the log file ``path``, mode 0600, and return a descriptor open for
+    writing; missing folders are created 0700.
+
+    Safe in a folder other users can write to (``/tmp``, a team's scratch space): the last
+    component is never followed if it is a symbolic link (``O_NOFOLLOW``), a new file is created
+    with ``O_EXCL``, and an existing file is used only if it is a regular file of this user's
+    with no other hard link (an earlier run's log); it is emptied only after that check.
 
     Raises:
-        ConfigurationError: the file cannot be created, with the reason and the fix.
+        ConfigurationError: the file cannot be created or must not be written, with the reason
+            and the fix.
     """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
+            fd = os.open(path, flags | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = os.open(path, flags, 0o600)
     except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENXIO and path.is_fifo()):
+            with contextlib.suppress(OSError):
+                problem = existing_problem(path.lstat())
+                if problem is not None:
+                    raise ConfigurationError(f"the log file {str(path)!r} {problem}") from None
         raise ConfigurationError(
             f"cannot write the log file {str(path)!r} ({why(path.parent, exc)}). HINT: choose a "
             "writable place with --log-dir, --stdout or --stderr."
         ) from None
+    try:
+        problem = existing_problem(os.fstat(fd))
+        if problem is not None:
+            raise ConfigurationError(f"the log file {str(path)!r} {problem}")
+        os.set_blocking(fd, True)
+        os.ftruncate(fd, 0)
+        os.fchmod(fd, 0o600)
+    except OSError as exc:
+        os.close(fd)
+        raise ConfigurationError(
+            f"cannot write the log file {str(path)!r} ({exc.strerror or exc}). HINT: choose a "
+            "writable place with --log-dir, --stdout or --stderr."
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def private_file(path: Path) -> None:
+    """Create (or empty) ``path`` with mode 0600, creating missing folders 0700 (see
+    :func:`open_private`, which keeps the file open).
+
+    Raises:
+        ConfigurationError: the file cannot be created, or must not be written, with the reason.
+    """
+    os.close(open_private(path))
+
+
+def swappable(folder: Path) -> bool:
+    """Whether another user could replace a file of this user's in ``folder`` (rename it, put
+    a link in its place): a folder others may write to without the sticky bit, or another
+    user's folder (root aside)."""
+    try:
+        info = folder.stat()
+    except OSError:
+        return True
+    if info.st_uid not in (0, os.geteuid()):
+        return True
+    return bool(info.st_mode & 0o022) and not info.st_mode & stat.S_ISVTX
 
 
 def remove(folder: Path) -> None:

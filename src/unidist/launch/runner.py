@@ -31,12 +31,19 @@ from pathlib import Path
 from typing import Any
 
 from unidist import _env
-from unidist.errors import LaunchError
+from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch import records, relay, rundir
 from unidist.launch.console import Console
 from unidist.launch.plan import LaunchPlan, probe_templates
 from unidist.launch.records import Slot, Start
-from unidist.launch.report import Observed, RankOutcome, Report, analyse, outcome_of
+from unidist.launch.report import (
+    Observed,
+    RankOutcome,
+    Report,
+    analyse,
+    check_logs,
+    outcome_of,
+)
 
 __all__ = ["Run", "launch_config", "run", "script_command"]
 
@@ -44,7 +51,13 @@ __all__ = ["Run", "launch_config", "run", "script_command"]
 class Run:
     """One launcher run: its private folder, the starts of this node's ranks, the console."""
 
-    def __init__(self, plan: LaunchPlan, folder: Path, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        folder: Path,
+        console: Console | None = None,
+        hand_over: bool = False,
+    ) -> None:
         self.plan = plan
         self.folder = folder
         self.events = folder / ".events"
@@ -53,6 +66,16 @@ class Run:
         self.starts: list[Start] = []
         #: start index -> its rendezvous round, the same string on every node (see relay).
         self.rounds: dict[int, str] = {}
+        #: Reports of the starts before the latest one (restarts), oldest first.
+        self.earlier: list[Report] = []
+        #: What the watchdog saw of the latest start (set by :func:`run`).
+        self.observed: Callable[[], Observed] | None = None
+        #: Hand torch's agent the log files unidist opened (``/proc/self/fd/N``) instead of
+        #: their paths where another user could replace a path between unidist's checks and
+        #: torch's open (a folder others may write to, without the sticky bit); torch's agent
+        #: opens the files in this process for a script's ranks.
+        self.hand_over = hand_over and Path("/proc/self/fd").is_dir()
+        self._held: dict[int, tuple[int, int]] = {}  # local rank -> descriptors of this start
         self._lock = threading.Lock()
 
     @property
@@ -70,6 +93,10 @@ class Run:
         plan = self.plan
         with self._lock:
             index = len(self.starts)
+            previous = self.starts[-1] if self.starts else None
+        if previous is not None:
+            self._remember(previous)
+        self.release()
         slots: dict[int, Slot] = {}
         for local, env in sorted(envs.items()):
             rank, node = int(env["RANK"]), int(env.get("GROUP_RANK", "0"))
@@ -82,8 +109,11 @@ class Run:
                 world_size=int(env["WORLD_SIZE"]),
                 local_world_size=plan.nproc,
             )
-            rundir.private_file(out)
-            rundir.private_file(err)
+            self._held[local] = (rundir.open_private(out), rundir.open_private(err))
+            if not (
+                self.hand_over and (rundir.swappable(out.parent) or rundir.swappable(err.parent))
+            ):
+                self._close(self._held.pop(local))
             env[records.EVENTS], env[records.START] = str(self.events), str(index)
             slots[local] = Slot(rank, local, node, int(env["WORLD_SIZE"]), out, err)
         start = Start(index, slots)
@@ -105,6 +135,34 @@ class Run:
             self.starts.append(start)
         return start
 
+    def log_dest(self, slot: Slot) -> tuple[str, str]:
+        """The (stdout, stderr) names torch's agent opens for ``slot``: the files unidist
+        created and holds open (``/proc/self/fd/N``), or their paths."""
+        held = self._held.get(slot.local_rank)
+        if held is None:
+            return str(slot.stdout), str(slot.stderr)
+        return f"/proc/self/fd/{held[0]}", f"/proc/self/fd/{held[1]}"
+
+    def release(self) -> None:
+        """Close the log files unidist held for torch's agent (it has its own by now)."""
+        held, self._held = self._held, {}
+        for fds in held.values():
+            self._close(fds)
+
+    @staticmethod
+    def _close(fds: tuple[int, int]) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _remember(self, start: Start) -> None:
+        """A restart: keep how the previous start ended, for the final summary."""
+        seen = self.observed() if self.observed is not None else Observed()
+        try:
+            self.earlier.append(analyse(start, self.events, {}, seen, self.plan))
+        except Exception:  # a summary must never stop a restart
+            self.earlier.append(Report([], None, 1))
+
 
 def _logs_specs(run: Run) -> Any:
     from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
@@ -123,7 +181,7 @@ def _logs_specs(run: Run) -> Any:
             start = run.begin(envs)
             dest = LogsDest()
             for local, slot in start.slots.items():
-                dest.stdouts[local], dest.stderrs[local] = str(slot.stdout), str(slot.stderr)
+                dest.stdouts[local], dest.stderrs[local] = run.log_dest(slot)
                 error_file = run.events / f"s{start.index}-r{slot.rank}.torch-error.json"
                 dest.error_files[local] = str(error_file)
             return dest
@@ -404,9 +462,10 @@ def run(
     if not verbose:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     console = Console(sys.stdout, sys.stderr) if plan.console.enabled else None
-    job = Run(plan, folder, console)
+    job = Run(plan, folder, console, hand_over=isinstance(entrypoint, str))
     messenger = _relay_for(plan)
     watchdog = _Watchdog(job, messenger)
+    job.observed = lambda: watchdog.seen
     watchdog.start()
     if console is not None:
         console.start()
@@ -422,6 +481,8 @@ def run(
         interrupted = signal.Signals(exc.sigval).name
     except KeyboardInterrupt:
         interrupted = "SIGINT"
+    except ConfigurationError:
+        raise  # a log file that must not be written (checked again as it is created)
     except Exception as exc:
         if job.current is not None:
             raise
@@ -432,9 +493,13 @@ def run(
         watchdog.scan()
         watchdog.sweep()
         watchdog.close()
+        job.release()
         if console is not None:
             console.close()
     report = analyse(job.current, job.events, exit_codes, watchdog.seen, plan, interrupted)
+    report.earlier, report.several_nodes = job.earlier, plan.rdzv.max_nodes > 1
+    if report.failed:
+        check_logs(report)  # a full disk or an I/O error, named as the cause
     return report, results, folder
 
 

@@ -60,10 +60,13 @@ def spawn(
         ConfigurationError: ``fn`` cannot be called with these arguments.
         LaunchError: a rank failed; the message names the culprit and shows its log.
     """
-    from unidist.launch import rundir, runner
+    from unidist.launch import checks, rundir, runner
 
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigurationError(f"spawn(nproc={nproc!r}) needs at least one process.")
+    checks.check_capacity(nproc, console=console, option="spawn nproc")
+    if timeout is not None:
+        checks.check_seconds(timeout, "spawn timeout")
     _check_call(fn, args, pass_local_rank)
     plan = LaunchPlan(
         target=None,
