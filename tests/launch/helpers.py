@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -15,9 +16,22 @@ JOB = str(SCRIPTS / "job.py")
 
 
 def launch(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 180
+    *args: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    limits: dict[int, int] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``unidist launch ARGS`` in a new process; its output captured."""
+    """``unidist launch ARGS`` in a new process; its output captured.
+
+    ``limits``: resource limits (``resource.RLIMIT_*`` -> soft value) for the new process.
+    """
+
+    def bound() -> None:
+        for which, soft in (limits or {}).items():
+            _, hard = resource.getrlimit(which)
+            resource.setrlimit(which, (soft, hard))
+
     return subprocess.run(
         [sys.executable, "-m", "unidist", "launch", *args],
         capture_output=True,
@@ -25,6 +39,7 @@ def launch(
         timeout=timeout,
         cwd=cwd,
         env={**os.environ, **(env or {})},
+        preexec_fn=bound if limits else None,
     )
 
 

@@ -9,13 +9,12 @@ import os
 import resource
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import JOB, free_port
+from tests.launch.helpers import JOB, free_port, launch
 from unidist.cli import main
 from unidist.launch.options import REFUSED
 
@@ -394,19 +393,7 @@ def _launch_bounded(
     """``unidist launch ARGS`` in a new process with resource limits (soft values), bounded in
     memory (4 GiB of address space beyond the interpreter's) and time."""
 
-    def bound() -> None:
-        for which, soft in (limits or {}).items():
-            _, hard = resource.getrlimit(which)
-            resource.setrlimit(which, (soft, hard))
-
-    return subprocess.run(
-        [sys.executable, "-m", "unidist", "launch", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        preexec_fn=bound,
-    )
+    return launch(*args, cwd=cwd, timeout=timeout, limits=limits)
 
 
 def test_a_huge_console_rank_range_is_refused_without_expanding_it(tmp_path: Path) -> None:
