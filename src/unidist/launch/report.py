@@ -56,6 +56,7 @@ class Observed:
 
     stopped: dict[int, int] = field(default_factory=dict)  # sent SIGTERM by the launcher
     gone: dict[int, int] = field(default_factory=dict)  # seen exited
+    alive: dict[int, int] = field(default_factory=dict)  # last seen running (checked after)
     status: dict[int, int | None] = field(default_factory=dict)  # exit status (-N: signal)
     failed: set[int] = field(default_factory=set)  # exited with an error record or status
     hung: dict[int, int] = field(default_factory=dict)  # killed for not finishing in time
@@ -322,8 +323,17 @@ def _settle(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> No
                 "deadlock in torch < 2.8 looks like a frozen line at exit)"
             )
     failed = [o for o in outcomes if o.status not in ("ok", "vanished")]
+    # The earliest a failure other than a SIGTERM can have happened. A crash is only seen by
+    # the watchdog's next sweep, so it happened after the sweep that last saw that rank
+    # running: two ranks found gone in one sweep could have died in either order, and a
+    # SIGTERM'd rank is then torch's agent stopping the group, not a second culprit.
     first = min(
-        (_when(o) for o in failed if o.status != "crashed" or not _terminated(o)), default=None
+        (
+            seen.alive.get(o.rank, _when(o)) if o.status == "crashed" else _when(o)
+            for o in failed
+            if o.status != "crashed" or not _terminated(o)
+        ),
+        default=None,
     )
     for o in outcomes:
         if o.status == "vanished":

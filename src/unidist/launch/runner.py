@@ -285,8 +285,10 @@ class _Watchdog(threading.Thread):
         self._watch_exits(procs)
 
     def _check(self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any]) -> None:
+        before = time.time_ns()
         running, status = _state(*proc)
         if running:
+            self.seen.alive[rank] = before  # so it ended after this
             return
         self.seen.gone[rank] = time.time_ns()
         self.seen.status[rank] = status
