@@ -99,9 +99,7 @@ def test_ranks_found_gone_in_one_sweep_could_have_died_in_either_order(tmp_path:
     # both gone, checking rank 0 first (seen gone at 8, before rank 1 at 9). Both were last seen
     # running at 4, so rank 1's crash may have come first: rank 0 is collateral.
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(
-        gone={0: 8, 1: 9}, alive={0: 4, 1: 4}, status={0: -15, 1: -9}, failed={0, 1}
-    )
+    seen = Observed(gone={0: 8, 1: 9}, alive={0: 4, 1: 4}, status={0: -15, 1: -9}, failed={0, 1})
     report = analyse(start, tmp_path / ".events", {1: -9}, seen, PLAN)
     assert report.culprit is not None
     assert (report.culprit.rank, report.exit_code) == (1, 137)
@@ -113,9 +111,7 @@ def test_a_sigterm_seen_before_the_other_rank_was_last_seen_running_is_the_culpr
 ) -> None:
     # rank 0 was SIGTERMed (by someone else) while rank 1 was still seen running after it
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(
-        gone={0: 5, 1: 9}, alive={0: 4, 1: 6}, status={0: -15, 1: -9}, failed={0, 1}
-    )
+    seen = Observed(gone={0: 5, 1: 9}, alive={0: 4, 1: 6}, status={0: -15, 1: -9}, failed={0, 1})
     report = analyse(start, tmp_path / ".events", {0: -15}, seen, PLAN)
     assert report.culprit is not None
     assert (report.culprit.rank, report.exit_code) == (0, 143)
