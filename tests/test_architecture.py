@@ -6,6 +6,7 @@ deliberately bad import, to show that the contracts catch it (imports inside fun
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -15,6 +16,11 @@ from pathlib import Path
 
 import grimp
 import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import unidist
 
@@ -103,3 +109,115 @@ def test_no_import_cycles_at_all() -> None:
         if graph.chain_exists(importer=imported, imported=importer)
     )
     assert closing == [], f"these imports close a cycle: {closing}"
+
+
+#: The modules that may import a unidist module by name: the two registries, and the package's
+#: lazy exports and framework import (their names come from their own tables).
+BY_NAME_ALLOWED = {
+    "_frameworks.py",
+    "adapters/registry.py",
+    "__init__.py",
+    "integrations/__init__.py",
+}
+
+
+def _imports_by_name(path: Path) -> list[str]:
+    """Calls of ``import_module``/``__import__`` in ``path`` that can name a unidist module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name not in ("import_module", "__import__"):
+            continue
+        first = node.args[0]
+        if isinstance(first, ast.JoinedStr):
+            head = first.values[0] if first.values else None
+            first = head if isinstance(head, ast.Constant) else first
+        literal = isinstance(first, ast.Constant) and isinstance(first.value, str)
+        if not literal or str(first.value).startswith("unidist"):  # type: ignore[union-attr]
+            found.append(f"{path.relative_to(SOURCE)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_nothing_imports_a_unidist_module_by_name_outside_the_registries() -> None:
+    """An import by name hides an upward edge from lint-imports: only the registries may."""
+    found = [
+        hit
+        for path in sorted(SOURCE.rglob("*.py"))
+        if str(path.relative_to(SOURCE)) not in BY_NAME_ALLOWED
+        for hit in _imports_by_name(path)
+    ]
+    assert found == [], "use unidist._frameworks.integration(...) instead:\n" + "\n".join(found)
+
+
+def test_the_check_sees_an_import_by_name(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import importlib\nfrom importlib import import_module\nw = 'ignite'\n"
+        "importlib.import_module(f'unidist.integrations.{w}')\n"
+        "import_module('unidist.integrations.composer')\n"
+        "importlib.import_module(w)\nimportlib.import_module('torch.distributed')\n"
+    )
+    global SOURCE
+    saved, SOURCE = SOURCE, tmp_path
+    try:
+        hits = _imports_by_name(bad)
+    finally:
+        SOURCE = saved
+    assert [hit.split()[0] for hit in hits] == ["bad.py:4", "bad.py:5", "bad.py:6"]
+
+
+def test_the_framework_registry_matches_what_each_integration_provides() -> None:
+    from unidist import _frameworks
+
+    for framework, (module, names) in _frameworks.INTEGRATIONS.items():
+        tree = ast.parse((SOURCE / Path(*module.split(".")[1:])).with_suffix(".py").read_text())
+        provides = next(
+            node.value
+            for node in tree.body
+            if isinstance(node, ast.AnnAssign | ast.Assign)
+            and "PROVIDES" in ast.unparse(node).split("=")[0]
+        )
+        declared = {elt.value for elt in ast.walk(provides) if isinstance(elt, ast.Constant)}
+        assert declared == set(names), framework
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert set(names) <= defined, (framework, set(names) - defined)
+
+
+def test_an_unknown_integration_function_says_what_there_is() -> None:
+    from unidist import _frameworks
+    from unidist.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"no integration function 'fsdp'.*'ignite'"):
+        _frameworks.integration("ignite", "fsdp")
+
+
+def test_type_only_imports_go_down_too() -> None:
+    """``if TYPE_CHECKING:`` imports are left out by lint-imports; the layers hold for them too."""
+    graph = grimp.build_graph("unidist", exclude_type_checking_imports=False, cache_dir=None)
+    layers = _layer_of()
+    upward = sorted(
+        (importer, imported)
+        for importer in graph.modules
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if (a := layers.get(_top(importer))) is not None
+        and (b := layers.get(_top(imported))) is not None
+        and b < a
+    )
+    assert upward == [], f"these imports point up a layer: {upward}"
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _layer_of() -> dict[str, int]:
+    """Top-level name -> its layer's position in the contract (0: the top)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "layers")
+    return {
+        name.strip(): i for i, layer in enumerate(contract["layers"]) for name in layer.split("|")
+    }

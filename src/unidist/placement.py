@@ -9,12 +9,11 @@ Ignite's own ``idist.auto_model``/``auto_optim`` instead (Horovod, XLA).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import replace
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from unidist import _frameworks
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -82,7 +81,7 @@ def auto_model(
                 "auto_model(via='ignite') takes no parallelism config: Ignite only wraps in DDP. "
                 "HINT: drop via='ignite' to use FSDP or TP."
             )
-        return _ignite().auto_model(  # type: ignore[no-any-return]
+        return _frameworks.integration("ignite", "auto_model")(  # type: ignore[no-any-return]
             model, sync_bn=sync_batchnorm, device=device, **ddp_kwargs
         )
     config = parallelism if parallelism is not None else ParallelismConfig()
@@ -193,7 +192,9 @@ def auto_optim(optimizer: OptimizerT, *, via: str | None = None, **kwargs: Any) 
             f"auto_optim(via={via!r}): expected None (unidist's own handling) or 'ignite'."
         )
     if via == "ignite":
-        return _ignite().auto_optim(optimizer, **kwargs)  # type: ignore[no-any-return]
+        return _frameworks.integration("ignite", "auto_optim")(  # type: ignore[no-any-return]
+            optimizer, **kwargs
+        )
     if kwargs:
         raise ConfigurationError(
             f"auto_optim got {', '.join(f'{k}={v!r}' for k, v in kwargs.items())}: Ignite "
@@ -211,8 +212,3 @@ def auto_optim(optimizer: OptimizerT, *, via: str | None = None, **kwargs: Any) 
             "auto_optim(optimizer, via='ignite'), or call torch_xla's xm.optimizer_step."
         )
     return optimizer
-
-
-def _ignite() -> ModuleType:
-    """:mod:`unidist.integrations.ignite`, loaded by name: neutral modules import no integration."""
-    return importlib.import_module("unidist.integrations.ignite")

@@ -18,14 +18,15 @@ from __future__ import annotations
 import functools
 import pickle
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from unidist.errors import ConfigurationError, RemoteError, translate_errors
 
 if TYPE_CHECKING:
     import torch
 
-    from unidist._state import Session
+    from unidist._env import Topology
+    from unidist.adapters.base import Adapter
 
 __all__ = [
     "MAX_DIMS",
@@ -40,6 +41,22 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+class Session(Protocol):
+    """What these functions read of a session (:class:`unidist._state.Session` has it).
+
+    A protocol, not an import: ``_comm`` sits below ``_state``, which holds the control plane.
+    """
+
+    @property
+    def adapter(self) -> Adapter: ...
+    @property
+    def backend(self) -> str | None: ...
+    @property
+    def topology(self) -> Topology: ...
+
+
 #: Longest shape gather_uneven can describe.
 MAX_DIMS = 16
 

@@ -1,18 +1,17 @@
 """The frameworks' own samplers, for ``get_sampler(native=...)``.
 
 torch's sampler is built here; Composer's and Ignite's live in their integrations
-(:mod:`unidist.integrations.composer`, :mod:`unidist.integrations.ignite`), which are loaded by name
-only when asked for, so no framework is imported otherwise and no neutral module imports an
-integration.
+(:mod:`unidist.integrations.composer`, :mod:`unidist.integrations.ignite`), reached through
+:mod:`unidist._frameworks` only when asked for, so no framework is imported otherwise and no
+neutral module imports an integration.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from unidist import _state
+from unidist import _frameworks, _state
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -49,8 +48,7 @@ def native_sampler(
         name = session.adapter.name if session is not None else "torch"
         which = name if name in FRAMEWORKS else "torch"
     if which in FRAMEWORKS:
-        integration = importlib.import_module(f"unidist.integrations.{which}")
-        return integration.native_sampler(request)  # type: ignore[no-any-return]
+        return _frameworks.integration(which, "native_sampler")(request)  # type: ignore[no-any-return]
     if request.sampler is not None:
         raise no_sampler_wrapper(which)
     if which == "torch":

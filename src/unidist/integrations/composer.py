@@ -59,6 +59,9 @@ __all__ = [
     "to_composer_parallelism",
 ]
 
+#: What neutral code may ask this integration for, through :mod:`unidist._frameworks`.
+PROVIDES = frozenset({"native_sampler", "to_composer_parallelism"})
+
 #: The start of Composer 0.32.1's error for ``"auto"`` off GPU (tests keep this in sync).
 COMPOSER_REFUSAL = "Can only use adaptive device_train_microbatch_size on GPU."
 

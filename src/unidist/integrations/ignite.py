@@ -49,6 +49,9 @@ __all__ = [
     "native_sampler",
 ]
 
+#: What neutral code may ask this integration for, through :mod:`unidist._frameworks`.
+PROVIDES = frozenset({"auto_model", "auto_optim", "native_sampler"})
+
 OptimizerT = TypeVar("OptimizerT", bound="torch.optim.Optimizer")
 
 

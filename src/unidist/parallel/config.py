@@ -8,7 +8,6 @@ refer to. Errors say which degree conflicts with what.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -152,10 +151,11 @@ class ParallelismConfig:
         """Composer's ``ParallelismConfig`` for the same setting.
 
         See :func:`unidist.integrations.composer.to_composer_parallelism`, which does the work
-        (loaded by name, like every integration, so importing unidist imports no Composer).
+        (reached through :mod:`unidist._frameworks`, so importing unidist imports no Composer).
         """
-        composer = importlib.import_module("unidist.integrations.composer")
-        return composer.to_composer_parallelism(self, model)
+        from unidist import _frameworks
+
+        return _frameworks.integration("composer", "to_composer_parallelism")(self, model)
 
 
 def _section(key: str, kind: type, value: Any) -> Any:
