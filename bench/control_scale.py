@@ -15,7 +15,7 @@
    per call (client operations over all ranks; ``get`` counts once though it is a wait and a
    read) and keys named by them, which shows the old O(W^2) against the new O(W).
    The old protocol runs up to ``--old-max`` ranks (256): beyond, one call takes seconds.
-   The new vote passes the MicroBatcher's ``usual`` vote (a step like the last one: the last
+   The new vote passes the MicroBatcher's ``expected`` vote (a step like the last one: the last
    arrival combines without reading the arrivals); "vote read" is the same vote without it (the
    path of a step in which some rank's vote differs). "floor" is the store traffic of one vote
    with no unidist code at all (append, add, the last rank sets the outcome, the others get it):
@@ -46,7 +46,7 @@ import torch.distributed as dist
 import unidist
 from unidist import lifecycle, sync
 from unidist._comm import listen
-from unidist._comm.control import ControlPlane, Usual
+from unidist._comm.control import ControlPlane, ExpectedValues
 from unidist._comm.wire import new_secret
 from unidist._microbatch import tally
 from unidist._microbatch.tally import Vote
@@ -70,7 +70,9 @@ OPERATIONS = {
 SECONDS = 120.0
 VOTE = Vote("ok", 32, 256).to_json()
 OLD_VOTE = ("ok", 32, 256, "", ())  # what the old vote pickled, field for field
-USUAL = Usual(VOTE)  # what the MicroBatcher declares after a step in which every rank voted VOTE
+EXPECTED = ExpectedValues(
+    VOTE
+)  # what the MicroBatcher declares after a step in which every rank voted VOTE
 
 
 # -- the old protocol, as unidist had it before (faithful copy, for the comparison) ---------------
@@ -185,13 +187,13 @@ def drive(plane: Any, old: bool, op: str, rank: int, members: tuple[int, ...]) -
     elif op == "barrier":
         plane.barrier(members, SECONDS, what)
     elif op == "exchange":  # one_rank_first(rank=0): rank 0 publishes, everyone reads it
-        plane.exchange(members, None, rank == 0, [0], SECONDS, what)
+        plane.exchange(members, None, publish=rank == 0, wait_for=[0], seconds=SECONDS, what=what)
     elif old:
         plane.exchange(members, OLD_VOTE, True, members, SECONDS, what)
     elif op == "vote read":
         plane.agree(members, VOTE, tally.combine, SECONDS, what)
     else:
-        plane.agree(members, VOTE, tally.combine, SECONDS, what, USUAL)
+        plane.agree(members, VOTE, tally.combine, SECONDS, what, EXPECTED)
 
 
 # -- simulated ranks: worker processes with many threads ----------------------------------------
@@ -318,7 +320,7 @@ def two_ranks(rounds: int, blocks: int) -> dict[str, list[float]]:
     assert new is not None
     contenders: dict[str, Callable[[], object]] = {
         "old vote": lambda: old.exchange(members, OLD_VOTE, True, members, SECONDS, "vote"),
-        "new vote": lambda: sync.agree(VOTE, tally.combine, SECONDS, "vote", USUAL),
+        "new vote": lambda: sync.agree(VOTE, tally.combine, SECONDS, "vote", EXPECTED),
         "new vote read": lambda: sync.agree(VOTE, tally.combine, SECONDS, "vote read"),
         "old barrier": lambda: old.barrier(members, SECONDS, "barrier"),
         "new barrier": lambda: new.barrier(members, SECONDS, "barrier"),

@@ -23,7 +23,7 @@ import pytest
 import unidist
 from unidist import lifecycle, sync
 from unidist._comm import listen
-from unidist._comm.control import ControlPlane, Usual
+from unidist._comm.control import ControlPlane, ExpectedValues
 from unidist._comm.wire import Json, new_secret
 from unidist._microbatch import tally
 from unidist._microbatch.tally import Vote
@@ -103,7 +103,14 @@ def steps(rank: int, plane: ControlPlane, rounds: int, world: int) -> list[Json]
         plane.barrier(members, 30, "barrier")
         first = (step * 7) % world
         seen.append(
-            plane.exchange(members, {"step": step}, rank == first, [first], 30, "one_rank_first")
+            plane.exchange(
+                members,
+                {"step": step},
+                publish=rank == first,
+                wait_for=[first],
+                seconds=30,
+                what="one_rank_first",
+            )
         )
     return seen
 
@@ -177,12 +184,12 @@ def reads_of_arrivals(ranks: Ranks) -> int:
     return sum(client.by_name["compare_set"] for client in ranks.clients)
 
 
-def test_when_every_value_is_the_usual_one_nobody_reads_the_arrivals() -> None:
+def test_when_every_value_is_the_expected_one_nobody_reads_the_arrivals() -> None:
     ranks = Ranks(16)
-    usual = Usual(OK)
+    expected = ExpectedValues(OK)
 
     def vote(rank: int, plane: ControlPlane) -> Json:
-        return plane.agree(ranks.members, OK, tally.combine, 30, "vote", usual)
+        return plane.agree(ranks.members, OK, tally.combine, 30, "vote", expected)
 
     for _ in range(3):
         results = ranks.run(vote)
@@ -190,19 +197,23 @@ def test_when_every_value_is_the_usual_one_nobody_reads_the_arrivals() -> None:
         assert tally.Tally.from_json(results[0]).counts["ok"] == 16
     assert reads_of_arrivals(ranks) == 0
     # one_rank_first's exchange ("done" from the first rank) takes the fast path too.
-    done = ranks.run(lambda r, plane: plane.exchange(ranks.members, None, r == 3, [3], 30, "x"))
+    done = ranks.run(
+        lambda r, plane: plane.exchange(
+            ranks.members, None, publish=r == 3, wait_for=[3], seconds=30, what="x"
+        )
+    )
     assert done == [{3: None}] * 16
     assert reads_of_arrivals(ranks) == 0
 
 
 def test_one_unusual_value_among_many_is_read_and_counted() -> None:
     ranks = Ranks(32)
-    usual = Usual(OK)
+    expected = ExpectedValues(OK)
     oom = Vote("oom", 8, 64, "too big").to_json()
 
     def vote(rank: int, plane: ControlPlane) -> Json:
         mine = oom if rank == 17 else OK
-        return plane.agree(ranks.members, mine, tally.combine, 30, "vote", usual)
+        return plane.agree(ranks.members, mine, tally.combine, 30, "vote", expected)
 
     results = ranks.run(vote)
     assert all(result == results[0] for result in results), results
@@ -213,7 +224,12 @@ def test_one_unusual_value_among_many_is_read_and_counted() -> None:
     # An error reported by the first rank of one_rank_first is read the same way.
     first = ranks.run(
         lambda r, plane: plane.exchange(
-            ranks.members, "boom" if r == 2 else None, r == 2, [2], 30, "x"
+            ranks.members,
+            "boom" if r == 2 else None,
+            publish=r == 2,
+            wait_for=[2],
+            seconds=30,
+            what="x",
         )
     )
     assert first == [{2: "boom"}] * 32
@@ -271,7 +287,14 @@ class Staged:
 
 def failing_first(rank: int, plane: ControlPlane) -> Json:
     """one_rank_first's exchange: rank 0 ran the block first and failed."""
-    return plane.exchange((0, 1, 2), "boom" if rank == 0 else None, rank == 0, [0], 3, "first")
+    return plane.exchange(
+        (0, 1, 2),
+        "boom" if rank == 0 else None,
+        publish=rank == 0,
+        wait_for=[0],
+        seconds=3,
+        what="first",
+    )
 
 
 @pytest.mark.parametrize("attack", ["swap", "extra", "undo"])
@@ -283,7 +306,7 @@ def test_a_stranger_who_reads_the_count_cannot_cancel_a_failing_ranks_value(atta
     if attack == "extra":  # one more arrival's worth: the next rank sees everyone arrived
         staged.add(staged.added[0])
     staged.arrive(1, failing_first)
-    if attack == "swap":  # rank 0's contribution replaced by a rank's usual one
+    if attack == "swap":  # rank 0's contribution replaced by a rank's expected one
         staged.add(staged.added[1] - staged.added[0])
     if attack == "undo":
         staged.add(-staged.added[0])
@@ -329,7 +352,7 @@ def test_a_stranger_adding_to_the_count_gets_an_error_never_a_decision(added: in
 
     def vote(rank: int, plane: ControlPlane) -> Json:
         mine = oom if rank == 7 else OK
-        return plane.agree(ranks.members, mine, tally.combine, 2, "vote", Usual(OK))
+        return plane.agree(ranks.members, mine, tally.combine, 2, "vote", ExpectedValues(OK))
 
     for result in ranks.run(vote):
         if isinstance(result, RemoteError):
@@ -361,16 +384,16 @@ def test_arrivals_larger_than_the_ranks_can_write_are_refused_unparsed() -> None
         assert "bytes of arrivals, more than 2 ranks can write" in str(result)
 
 
-def test_ranks_that_declare_different_usual_values_get_an_error_not_a_decision() -> None:
+def test_ranks_that_declare_different_expected_values_get_an_error_not_a_decision() -> None:
     ranks = Ranks(4)
 
     def vote(rank: int, plane: ControlPlane) -> Json:
-        usual = Usual(OK if rank else Vote("ok", 4, 64).to_json())
-        return plane.agree(ranks.members, OK, tally.combine, 10, "vote", usual)
+        expected = ExpectedValues(OK if rank else Vote("ok", 4, 64).to_json())
+        return plane.agree(ranks.members, OK, tally.combine, 10, "vote", expected)
 
     for result in ranks.run(vote):
         assert isinstance(result, RemoteError), result
-        assert "different usual values" in str(result)
+        assert "different expected values" in str(result)
 
 
 def sum_values(values: dict[int, Json]) -> Json:

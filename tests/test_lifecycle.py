@@ -215,7 +215,7 @@ def test_start_up_publishes_the_session_only_when_it_is_finished(
 ) -> None:
     from unidist import _state, lifecycle
 
-    settle = lifecycle._settle
+    settle = lifecycle._complete
     seen = []
 
     def watched(session: _state.Session) -> None:
@@ -223,7 +223,7 @@ def test_start_up_publishes_the_session_only_when_it_is_finished(
         settle(session)
         seen.append(_state.current())
 
-    monkeypatch.setattr(lifecycle, "_settle", watched)
+    monkeypatch.setattr(lifecycle, "_complete", watched)
     unidist.initialize("gloo", adapter="torch", timeout=30)
     assert seen == [None, None]
     assert unidist.is_initialized()
@@ -240,7 +240,7 @@ def test_a_failed_start_up_publishes_nothing_and_tears_down(
     def broken(session: _state.Session) -> None:
         raise TopologyError("the ranks disagree (on purpose)")
 
-    monkeypatch.setattr(lifecycle, "_settle", broken)
+    monkeypatch.setattr(lifecycle, "_complete", broken)
     with pytest.raises(TopologyError, match="on purpose"):
         unidist.initialize("gloo", adapter="torch", timeout=30)
     assert _state.current() is None

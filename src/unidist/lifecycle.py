@@ -146,7 +146,7 @@ def _start(
         torch_backed=_state.torch_group_is_live(),
     )
     try:
-        _settle(session)
+        _complete(session)
     except BaseException:
         _teardown(session)
         raise
@@ -193,13 +193,13 @@ def _resolve_backend(requested: str | None, reading: EnvReading, live: bool) -> 
 
 
 def _placeholder(reading: EnvReading) -> Topology:
-    """Rank and world size only, until _settle works out the rest from the other ranks."""
+    """Rank and world size only, until _complete works out the rest from the other ranks."""
     return _env.Topology(
         rank=reading.rank, world_size=reading.world_size, launcher=reading.launcher
     )
 
 
-def _settle(session: Session) -> None:
+def _complete(session: Session) -> None:
     """Cross-check the live group, open the control group, fill in and verify the topology.
 
     Collective, on the session being built (not yet published): its messages go through

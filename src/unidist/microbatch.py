@@ -141,7 +141,7 @@ class MicroBatcher:
             )
         self.tracker = SizeTracker(policy or SizePolicy(), logger)
         #: What every rank votes when nothing changed since the last vote (agreed by it).
-        self._usual: sync.Usual | None = None
+        self._expected: sync.ExpectedValues | None = None
         self._split_fn = split_fn or split_batch
         self._size_fn = size_fn or batch_size
         self._reduction = reduction
@@ -249,7 +249,7 @@ class MicroBatcher:
                 return votes, attempt
             failures += 1
             self._recover(snapshot, free=bool(votes.oom_ranks))
-            self._settle_failure(votes, attempt, failures, session)
+            self._shrink_or_raise(votes, attempt, failures, session)
 
     # -- one attempt -----------------------------------------------------------------------
 
@@ -351,7 +351,7 @@ class MicroBatcher:
         what = f"the MicroBatcher vote after attempt {self._attempts} (step {self.tracker.steps})"
         try:
             value = attempt.vote.to_json()
-            votes = sync.agree(value, tally.combine, self._timeout, what, self._usual)
+            votes = sync.agree(value, tally.combine, self._timeout, what, self._expected)
         except BaseException:
             if attempt.error is not None:
                 raise attempt.error from None  # this rank's own failure is the real news
@@ -363,10 +363,10 @@ class MicroBatcher:
         result = Tally.from_json(votes)
         if result.all_ok:  # the next vote, when nothing changes, is this one again on every rank
             same = Vote("ok", result.size, result.ceiling, missing=tuple(sorted(result.missing)))
-            self._usual = sync.Usual(same.to_json())
+            self._expected = sync.ExpectedValues(same.to_json())
         return result
 
-    def _settle_failure(
+    def _shrink_or_raise(
         self, votes: Tally, attempt: _Attempt, failures: int, session: Session
     ) -> None:
         """Shrink for the retry, or raise on every rank (after they all read the votes)."""

@@ -182,15 +182,17 @@ def _report_to_waiters(me: int, what: str, timeout: float | timedelta | None) ->
     except BaseException as exc:
         report = "".join(traceback.format_exception(exc))[-4000:]
         with contextlib.suppress(Exception):  # the waiters time out if this fails too
-            sync.exchange(report, True, [me], timeout, what)
+            sync.exchange(report, publish=True, wait_for=[me], timeout=timeout, what=what)
         raise
-    sync.exchange(None, True, [me], timeout, what)
+    sync.exchange(None, publish=True, wait_for=[me], timeout=timeout, what=what)
 
 
 def _wait_for(first: int, what: str, timeout: float | timedelta | None) -> None:
     """On a waiting rank: wait (bounded) for ``first``, and raise if it failed."""
     waiting = f"waiting for rank {first} to finish {what}"
-    report = sync.exchange(None, False, [first], timeout, waiting)[first]
+    report = sync.exchange(None, publish=False, wait_for=[first], timeout=timeout, what=waiting)[
+        first
+    ]
     if report is not None:
         raise RemoteError(
             f"rank {first} raised inside {what}, so rank {_state.view().rank} did not run the "

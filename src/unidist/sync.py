@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from unidist import _env, collectives, lifecycle
-from unidist._comm.control import Usual
+from unidist._comm.control import ExpectedValues
 from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
 from unidist.errors import translate_errors
 from unidist.groups import Group, members
@@ -21,7 +21,7 @@ from unidist.groups import Group, members
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["Flag", "Usual", "agree", "barrier", "exchange", "timed_barrier"]
+__all__ = ["Flag", "ExpectedValues", "agree", "barrier", "exchange", "timed_barrier"]
 
 
 def barrier(timeout: float | timedelta | None = None, *, group: Group | None = None) -> None:
@@ -69,6 +69,7 @@ def timed_barrier(
 
 def exchange(
     value: Json,
+    *,
     publish: bool,
     wait_for: Sequence[int],
     timeout: float | timedelta | None,
@@ -79,17 +80,19 @@ def exchange(
     It is an :func:`agree`: every rank waits until all have arrived (a publisher too), and each
     gets every published value, so publish from a few ranks only. Values are plain JSON data
     (``None``, bools, numbers, strings, lists, dicts with string keys; tuples come back as
-    lists); nothing is pickled. The ranks give up after ``timeout`` (default: the session
-    timeout) with an error that names the ranks that did not arrive. Used by one_rank_first and
-    one_rank_only.
+    lists), encoded as JSON on every path and never pickled. The ranks give up after ``timeout``
+    (default: the session timeout) with an error that names the ranks that did not arrive. Used
+    by one_rank_first and one_rank_only.
     """
     session = lifecycle.session_for(what)
     seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
     world = tuple(range(session.topology.world_size))
     if session.plane is not None:
-        return session.plane.exchange(world, value, publish, wait_for, seconds, what)
-    everyone = collectives.all_gather_object((publish, value if publish else None))
-    return {rank: everyone[rank][1] for rank in wait_for}
+        return session.plane.exchange(
+            world, value, publish=publish, wait_for=wait_for, seconds=seconds, what=what
+        )
+    everyone = _gather_json(value if publish else None, what)
+    return {rank: everyone[rank] for rank in wait_for}
 
 
 def agree(
@@ -97,7 +100,7 @@ def agree(
     combine: Callable[[dict[int, Json]], Json],
     timeout: float | timedelta | None,
     what: str,
-    usual: Usual | None = None,
+    expected: ExpectedValues | None = None,
 ) -> Json:
     """Every rank contributes ``value``; every rank gets ``combine({rank: value, ...})``.
 
@@ -106,20 +109,31 @@ def agree(
     rank, the last to arrive, on the control store; without a control store, on every rank);
     its result reaches every rank, so every rank decides the same. Values and the result are
     plain JSON data, at most 64 KiB and 1 MiB. The ranks give up after ``timeout`` (default:
-    the session timeout) with an error that names the ranks that did not arrive. ``usual``
+    the session timeout) with an error that names the ranks that did not arrive. ``expected``
     (equal on every rank) names the value each rank sends when nothing happened: when every
     rank sent it, the last rank combines without reading the values (see
-    :class:`~unidist._comm.control.Usual`).
+    :class:`~unidist._comm.control.ExpectedValues`).
     """
     session = lifecycle.session_for(what)
     seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
     world = tuple(range(session.topology.world_size))
     if session.plane is not None:
-        return session.plane.agree(world, value, combine, seconds, what, usual)
-    # The same encoding and limits as over the store, so both paths give the same values.
-    everyone = collectives.all_gather_object(encode_json(value, what))
-    outcome = combine({rank: decode_json(data) for rank, data in enumerate(everyone)})
+        return session.plane.agree(world, value, combine, seconds, what, expected)
+    everyone = _gather_json(value, what)
+    outcome = combine(dict(enumerate(everyone)))
     return decode_json(encode_json(outcome, what, MAX_OUTCOME_BYTES))
+
+
+def _gather_json(value: Json, what: str) -> list[Json]:
+    """Every rank's ``value`` without a control store: JSON bytes in a tensor, never a pickle.
+
+    The same encoding and limits as over the store, so both paths give the same values.
+    """
+    import torch
+
+    data = encode_json(value, what)
+    parts = collectives.all_gather_uneven(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    return [decode_json(part.numpy().tobytes()) for part in parts]
 
 
 class Flag:

@@ -28,19 +28,20 @@ key per generation for the outcome:
    generation it left (so a barrier retried after a timeout keeps waiting for the same ranks).
    The store holds seven keys per group, however long the job runs.
 
-**The fast path.** A rank that sends the value the caller declared :class:`Usual` (the
-MicroBatcher's "ok, same size as last step", ``one_rank_first``'s "done", every barrier arrival)
-adds its secret *tag* to the count with its arrival (:meth:`~unidist._comm.wire.Sealer.tags`:
-a keyed hash of the call and the rank, above the arrival bits). A count that holds exactly W
-arrivals and the sum of every member's tag proves that every member sent its usual value, so the
-last rank combines the usual values without reading the records. Any other total makes it read
-the sealed records and decide from them; a total that the records do not add up to (another
-process added to the count) ends the call with an error on every rank. Nothing another process
-can add makes a count look complete without the secret: it would have to guess a tag (one
-chance in 2**39 at 1,024 ranks, 2**57 at 2, and a wrong guess is detected and fails the job).
+**The fast path.** A rank that sends the value the caller declared expected
+(:class:`ExpectedValues`: the MicroBatcher's "ok, same size as last step", ``one_rank_first``'s
+"done", every barrier arrival) adds its secret *tag* to the count with its arrival
+(:meth:`~unidist._comm.wire.Sealer.tags`: a keyed hash of the call and the rank, above the arrival
+bits). A count that holds exactly W arrivals and the sum of every member's tag proves that every
+member sent its expected value, so the last rank combines the expected values without reading the
+records. Any other total makes it read the sealed records and decide from them; a total that the
+records do not add up to (another process added to the count) ends the call with an error on every
+rank. Nothing another process can add makes a count look complete without the secret: it would have
+to guess a tag (one chance in 2**39 at 1,024 ranks, 2**57 at 2, and a wrong guess is detected and
+fails the job).
 
 Only the error path costs more: a rank that times out reads the arrivals to name the ranks
-that are missing (every rank still appends its record, usual or not).
+that are missing (every rank still appends its record, expected or not).
 
 **Deadlines.** Every round trip has one (:mod:`unidist._comm.link`): a stopped store host is
 named by every rank within the caller's timeout plus
@@ -78,7 +79,7 @@ from unidist._comm.wire import (
 )
 from unidist.errors import DistributedTimeoutError, RemoteError, UnidistError
 
-__all__ = ["Combine", "ControlPlane", "Usual"]
+__all__ = ["Combine", "ControlPlane", "ExpectedValues"]
 
 #: ``combine(values)``: rank -> that rank's value, for every member; returns the outcome.
 Combine = Callable[[dict[int, Json]], Json]
@@ -92,34 +93,34 @@ _SUCCESS = b'{"ok":null}'
 _SLOTS = 3
 #: Largest group with a fast path: its tags keep at least 27 bits (see :func:`_layout`).
 _FAST_MAX_MEMBERS = 2**16
-#: What barriers declare usual: every arrival is (no values travel).
+#: What barriers expect: every arrival is (no values travel).
 _BARRIER_SPEC = b"barrier"
 
 
 @dataclass(frozen=True)
-class Usual:
+class ExpectedValues:
     """The value each member sends when nothing happened: ``value``, or ``exceptions[rank]``.
 
-    Every member must pass an equal ``Usual`` (derived from what they already agree on): when
-    every value is the usual one, the last rank to arrive combines these without reading what
-    the ranks sent.
+    Every member must pass an equal ``ExpectedValues`` (derived from what they already agree
+    on): when every value is the expected one, the last rank to arrive combines these without
+    reading what the ranks sent.
     """
 
     value: Json
     exceptions: Mapping[int, Json] = field(default_factory=dict)
 
     def encoded(self, rank: int) -> bytes:
-        """The usual value of ``rank``, as that rank sends it."""
+        """The expected value of ``rank``, as that rank sends it."""
         if rank in self.exceptions:
-            return encode_json(self.exceptions[rank], "a usual value")
+            return encode_json(self.exceptions[rank], "an expected value")
         return self._value
 
     @functools.cached_property
-    def _value(self) -> bytes:  # a MicroBatcher reuses one Usual from step to step
-        return encode_json(self.value, "a usual value")
+    def _value(self) -> bytes:  # a MicroBatcher reuses one ExpectedValues from step to step
+        return encode_json(self.value, "an expected value")
 
     def decoded(self, members: Sequence[int]) -> dict[int, Json]:
-        """The usual values of ``members`` as the other ranks' values are read: decoded JSON
+        """The expected values of ``members`` as the other ranks' values are read: decoded JSON
         (so combine sees the same types either way), one shared object for the common one."""
         common = decode_json(self._value)
         return {
@@ -129,9 +130,9 @@ class Usual:
 
     @functools.cached_property
     def spec(self) -> bytes:
-        """The usual values as bytes, the same on every member that passed an equal one."""
+        """The expected values as bytes, the same on every member that passed an equal one."""
         exceptions = [[rank, self.exceptions[rank]] for rank in sorted(self.exceptions)]
-        return encode_json([self.value, exceptions], "the usual values", MAX_OUTCOME_BYTES)
+        return encode_json([self.value, exceptions], "the expected values", MAX_OUTCOME_BYTES)
 
 
 def _layout(members: int) -> tuple[int, int]:
@@ -156,7 +157,7 @@ class _Sequence:
     generation: int = 0
     #: The generation this rank timed out of and has not seen the outcome of.
     unsettled: int | None = None
-    #: The last fast-path outcome: (usual spec, combine, outcome bytes); combine is pure.
+    #: The last fast-path outcome: (expected spec, combine, outcome bytes); combine is pure.
     fast: tuple[bytes, Combine, bytes] | None = None
 
 
@@ -171,7 +172,7 @@ class _Call:
     outcome: str
     #: Where a barrier's refusal goes (a barrier's outcome key only ever holds success).
     refusal: str
-    #: The usual values' bytes (empty: no fast path), and the count's layout.
+    #: The expected values' bytes (empty: no fast path), and the count's layout.
     spec: bytes = b""
     shift: int = 0
     bits: int = 0
@@ -231,23 +232,24 @@ class ControlPlane:
         combine: Combine,
         seconds: float,
         what: str,
-        usual: Usual | None = None,
+        expected: ExpectedValues | None = None,
     ) -> Json:
         """Every member contributes ``value``; every member gets ``combine`` of all of them.
 
         ``combine`` runs once, on the last rank to arrive, and its result (JSON, at most
         :data:`~unidist._comm.wire.MAX_OUTCOME_BYTES`) reaches every member. It must be a pure
         function and must not modify its argument (ranks that sent equal values share one
-        decoded value). Every member calls it, in the same order, with an equal ``usual`` (see
-        :class:`Usual`: when every value is the usual one, the last rank skips reading them);
-        it waits at most ``seconds``.
+        decoded value). Every member calls it, in the same order, with an equal ``expected``
+        (see :class:`ExpectedValues`: when every value is the expected one, the last rank skips
+        reading them); it waits at most ``seconds``.
         """
-        return self._run("agree", tuple(members), value, combine, seconds, what, usual)
+        return self._run("agree", tuple(members), value, combine, seconds, what, expected)
 
     def exchange(
         self,
         members: Sequence[int],
         value: Json,
+        *,
         publish: bool,
         wait_for: Sequence[int],
         seconds: float,
@@ -259,9 +261,9 @@ class ControlPlane:
             rank -> the value that rank published, for every rank in ``wait_for``.
         """
         # The usual case (one_rank_first's "done"): the ranks in wait_for publish None.
-        usual = Usual(None, {rank: [None] for rank in wait_for})
+        expected = ExpectedValues(None, {rank: [None] for rank in wait_for})
         mine = [value] if publish else None
-        published = self.agree(members, mine, _published, seconds, what, usual)
+        published = self.agree(members, mine, _published, seconds, what, expected)
         assert isinstance(published, dict)
         silent = [rank for rank in wait_for if str(rank) not in published]
         if silent:
@@ -279,7 +281,7 @@ class ControlPlane:
         combine: Combine | None,
         seconds: float,
         what: str,
-        usual: Usual | None = None,
+        expected: ExpectedValues | None = None,
     ) -> Json:
         deadline = time.monotonic() + seconds
         sequence = self._sequence(kind, members)
@@ -290,9 +292,9 @@ class ControlPlane:
             sequence.unsettled = None
             self._link.limit(deadline - time.monotonic() + UNANSWERED_BOUND)
         sequence.generation += 1
-        call = self._call(sequence, sequence.generation, combine, usual)
+        call = self._call(sequence, sequence.generation, combine, expected)
         contribution = 1
-        if call.spec and (combine is None or payload == usual.encoded(self._rank)):  # type: ignore[union-attr]
+        if call.spec and (combine is None or payload == expected.encoded(self._rank)):  # type: ignore[union-attr]
             [tag] = self._seal.tags(call.count, call.generation, call.spec, [self._rank], call.bits)
             contribution += tag << call.shift
         record = self._seal.record(call.arrivals, self._rank, call.generation, payload)
@@ -305,7 +307,7 @@ class ControlPlane:
         except RuntimeError as exc:
             raise self._failed(exc, what) from exc
         if arrived == len(members):  # time to look; the sealed records decide
-            decided = self._conclude(sequence, call, combine, usual, total, what)
+            decided = self._conclude(sequence, call, combine, expected, total, what)
             return _unwrap(decode_json(decided))  # what the others read, to the same types
         try:
             return self._await(call, combine is not None, deadline, seconds, what)
@@ -319,7 +321,7 @@ class ControlPlane:
         sequence: _Sequence,
         call: _Call,
         combine: Combine | None,
-        usual: Usual | None,
+        expected: ExpectedValues | None,
         total: int,
         what: str,
     ) -> bytes:
@@ -333,12 +335,12 @@ class ControlPlane:
         if call.spec:
             tags = self._seal.tags(call.count, call.generation, call.spec, members, call.bits)
             if total == len(members) + (sum(tags) << call.shift):
-                # Every member added its tag: every value is the usual one; no need to read.
+                # Every member added its tag: every value is the expected one; no need to read.
                 if combine is None:
                     return self._publish(sequence, call, _SUCCESS)
-                assert usual is not None
+                assert expected is not None
                 if sequence.fast is None or sequence.fast[:2] != (call.spec, combine):
-                    outcome = self._combined(combine, usual.decoded(members), what)
+                    outcome = self._combined(combine, expected.decoded(members), what)
                     sequence.fast = (call.spec, combine, outcome)
                 return self._publish(sequence, call, sequence.fast[2])
         records = self._read_arrivals(call, what)
@@ -349,11 +351,11 @@ class ControlPlane:
             # process.
             problems = [*records.problems, *([f"no record of rank(s) {missing}"] * bool(missing))]
             return self._refuse(sequence, call, "; ".join(problems), what)
-        expected = len(members)
+        due = len(members)  # what the count must hold, by the records
         for rank, tag in zip(members, tags, strict=False):  # no tags: no fast path
-            if combine is None or records.payloads[rank] == usual.encoded(rank):  # type: ignore[union-attr]
-                expected += tag << call.shift
-        if total != expected:
+            if combine is None or records.payloads[rank] == expected.encoded(rank):  # type: ignore[union-attr]
+                due += tag << call.shift
+        if total != due:
             found = f"a count of {total}, not what the ranks' sealed records add up to"
             return self._refuse(sequence, call, found, what, disagree=True)
         if combine is None:
@@ -494,15 +496,15 @@ class ControlPlane:
         sequence: _Sequence,
         generation: int,
         combine: Combine | None = None,
-        usual: Usual | None = None,
+        expected: ExpectedValues | None = None,
     ) -> _Call:
         slot = generation % _SLOTS
         name = self._seal.name
         spec = b""
         if len(sequence.members) <= _FAST_MAX_MEMBERS:
             spec = _BARRIER_SPEC if sequence.base.startswith("barrier/") else b""
-            if usual is not None and combine is not None:
-                spec = usual.spec
+            if expected is not None and combine is not None:
+                spec = expected.spec
         shift, bits = _layout(len(sequence.members))
         return _Call(
             generation,
@@ -576,7 +578,7 @@ def _unwrap(envelope: Json) -> Json:
 
 def _tampered(what: str, found: str, disagree: bool = False) -> str:
     cause = (
-        "the ranks called it with different usual values (a bug), or another process is "
+        "the ranks called it with different expected values (a bug), or another process is "
         "writing to the store"
         if disagree
         else "another process is writing to the store"

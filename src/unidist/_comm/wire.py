@@ -125,10 +125,10 @@ class Sealer:
     ) -> list[int]:
         """The arrival tags of ``ranks`` for one call: secret numbers of ``bits`` bits each.
 
-        A rank that sent its usual value adds its tag to the count ``key`` (shifted above the
-        arrival count): the tags of a call are unpredictable without the secret and differ for
-        every generation, rank and set of usual values (``spec``), so a count that holds the sum
-        of every member's tag proves that every member sent its usual value, and nothing another
+        A rank that sent its expected value adds its tag to the count ``key`` (shifted above the
+        arrival count): the tags of a call are unpredictable without the secret and differ for every
+        generation, rank and set of expected values (``spec``), so a count that holds the sum of
+        every member's tag proves that every member sent its expected value, and nothing another
         process can add to the count produces that sum except by guessing (one chance in
         ``2**bits``).
         """
