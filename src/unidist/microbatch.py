@@ -19,7 +19,7 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
    operations per rank, whatever the world size). The same tally gives the same decision
    everywhere.
 4. All ``ok``: gradients are averaged by hand over DDP's group (see
-   :mod:`unidist._microbatch.gradsync`).
+   :mod:`unidist._microbatch.averaging`).
    Any ``error``: that rank re-raises its error, the others raise :class:`~unidist.RemoteError`
    naming it. Otherwise: shrink (or raise :class:`~unidist.MicrobatchOOMError` at the minimum
    size) and retry the same batch; buffers (BatchNorm statistics) are restored first, so no
@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from unidist import _env, lifecycle, sync
 from unidist._microbatch import tally
-from unidist._microbatch.gradsync import GradientAverager, inspect_model
+from unidist._microbatch.averaging import GradientAverager
 from unidist._microbatch.memory import free_memory, is_oom
+from unidist._microbatch.model import inspect_model
 from unidist._microbatch.policy import SizeChange, SizePolicy, SizeTracker
 from unidist._microbatch.split import batch_size, detached, split_batch, unpack_loss
 from unidist._microbatch.tally import Tally, Vote
