@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import unidist
+from tests._waiting import stay_away, tell
 from unidist import lifecycle, sync
 from unidist._comm import listen
 from unidist._comm.control import ControlPlane, ExpectedValues
@@ -456,22 +457,24 @@ def test_votes_barriers_and_exchanges_agree_on_four_ranks() -> None:
     assert many[0][1] == few[0][1]  # keys do not grow with the calls
 
 
-def vote_without_rank(missing: int) -> str:
-    if unidist.get_rank() == missing:
-        time.sleep(5)
-        return "slept"
+def vote_without_rank(missing: int, folder: str) -> str:
+    rank = unidist.get_rank()
+    if rank == missing:
+        return stay_away(folder, until_told_by=[r for r in range(3) if r != missing])
     started = time.monotonic()
     try:
         sync.agree(1, sum_values, 2, "the vote")
     except DistributedTimeoutError as exc:
         return f"{time.monotonic() - started:.0f}s: {exc}"
+    finally:
+        tell(folder, rank)
     return "no error"
 
 
 @pytest.mark.multiprocess
-def test_a_rank_that_never_arrives_is_named_by_the_others() -> None:
-    results = run_distributed(vote_without_rank, 2, world_size=3, timeout=60)
-    assert results[2] == "slept"
+def test_a_rank_that_never_arrives_is_named_by_the_others(tmp_path: Path) -> None:
+    results = run_distributed(vote_without_rank, 2, str(tmp_path), world_size=3, timeout=60)
+    assert results[2] == "stayed away"
     for waited in results[:2]:
         assert waited.startswith(("2s", "3s")), waited
         assert "the vote: rank(s) [2] did not arrive within 2 s" in waited

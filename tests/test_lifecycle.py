@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import unidist
+from tests._waiting import stay_away, tell
 from unidist.errors import (
     ConfigurationError,
     DistributedTimeoutError,
@@ -143,39 +145,43 @@ def test_two_ranks_claiming_one_slot_are_refused() -> None:
     assert "both say they are local rank 0" in str(caught.value)
 
 
-def barrier_without_rank_one() -> str:
+def barrier_without_rank_one(folder: str) -> str:
     if unidist.get_rank() == 1:
-        time.sleep(6)
-        return "slept"
+        return stay_away(folder, until_told_by=[0])
     started = time.monotonic()
     try:
         unidist.barrier(timeout=2)
     except DistributedTimeoutError as exc:
         return f"{time.monotonic() - started:.0f}s: {exc}"
+    finally:
+        tell(folder, 0)
     return "no error"
 
 
-def test_barrier_timeout_names_the_missing_rank() -> None:
-    waited, slept = run_distributed(barrier_without_rank_one, timeout=60)
-    assert slept == "slept"
+def test_barrier_timeout_names_the_missing_rank(tmp_path: Path) -> None:
+    waited, slept = run_distributed(barrier_without_rank_one, str(tmp_path), timeout=60)
+    assert slept == "stayed away"
     assert waited.startswith(("2s", "3s"))
     assert "barrier over 2 ranks: rank(s) [1] did not arrive within 2 s" in waited
 
 
-def slow_first_rank() -> str:
+def slow_first_rank(folder: str) -> str:
     try:
         with unidist.one_rank_first(timeout=2):
             if unidist.get_rank() == 0:
-                time.sleep(6)
+                stay_away(folder, until_told_by=[1])
     except DistributedTimeoutError as exc:
         return f"timeout: {exc}"
     except RemoteError as exc:
         return f"remote: {exc}"
+    finally:
+        if unidist.get_rank() == 1:
+            tell(folder, 1)
     return "ok"
 
 
-def test_one_rank_first_waiters_give_up_after_the_timeout() -> None:
-    first, waiter = run_distributed(slow_first_rank, timeout=60)
+def test_one_rank_first_waiters_give_up_after_the_timeout(tmp_path: Path) -> None:
+    first, waiter = run_distributed(slow_first_rank, str(tmp_path), timeout=60)
     assert waiter.startswith(
         "timeout: waiting for rank 0 to finish one_rank_first(rank=0, "
         "local=False): rank(s) [0] did not arrive within 2 s"
