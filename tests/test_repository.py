@@ -52,3 +52,48 @@ def test_the_commit_message_hook(tmp_path: Path, message: str, ok: bool) -> None
     assert (done.returncode == 0) == ok, done.stderr
     if not ok:
         assert "check-commit-msg:" in done.stderr
+
+
+SOURCE = ROOT / "src" / "unidist"
+#: Top-level tests of the library as a whole, not of one module (each says what it covers).
+WHOLE_LIBRARY = {
+    "test_architecture": "the import layers (pyproject.toml, docs/architecture.md)",
+    "test_bench": "every benchmark's quick mode (bench/)",
+    "test_borrowed_samplers": "torch's, Composer's and Ignite's samplers against unidist's",
+    "test_borrowed_signatures": "the installed Composer and Ignite signatures against unidist's",
+    "test_docs": "the docs' code blocks and references",
+    "test_examples": "examples/ under the launchers",
+    "test_gpu": "what needs a CUDA device",
+    "test_import": "what `import unidist` imports",
+    "test_launchers": "one script under every launcher",
+    "test_public_api": "unidist's public names",
+    "test_repository": "the repository's tooling and layout",
+    "test_single_process": "the whole API in one process",
+}
+
+
+def _top_level_modules() -> set[str]:
+    return {p.stem for p in SOURCE.glob("*.py")} | {
+        p.name for p in SOURCE.iterdir() if (p / "__init__.py").exists()
+    }
+
+
+def test_tests_mirror_the_source_tree() -> None:
+    """A module's tests are found by its path: tests/<package>/test_<module>.py."""
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        folder = path.parent.relative_to(ROOT / "tests")
+        if folder.parts and not (SOURCE / folder / "__init__.py").exists():
+            wrong.append(f"{path.relative_to(ROOT)}: src/unidist/{folder} is not a package")
+        if folder.parts or path.stem in WHOLE_LIBRARY:
+            continue
+        name = path.stem.removeprefix("test_")
+        modules = {m.lstrip("_") for m in _top_level_modules()}  # _workarounds: test_workarounds
+        owners = [m for m in modules if name == m or name.startswith(m + "_")]
+        if not owners:
+            wrong.append(
+                f"{path.relative_to(ROOT)}: no src/unidist/{name}.py; a private module's tests "
+                "go in its package's folder (tests/_comm/test_control.py), a whole-library "
+                "test in WHOLE_LIBRARY"
+            )
+    assert wrong == [], "\n".join(wrong)

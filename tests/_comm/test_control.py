@@ -31,7 +31,7 @@ from unidist._microbatch.tally import Vote
 from unidist.errors import DistributedTimeoutError, RemoteError
 from unidist.testing import DistributedTestError, run_distributed
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "unidist"
+SRC = Path(__file__).resolve().parents[2] / "src" / "unidist"
 #: Store operations one rank may spend on one call (the new protocol needs two to four).
 MAX_OPERATIONS_PER_CALL = 4
 
