@@ -225,15 +225,15 @@ def test_start_up_publishes_the_session_only_when_it_is_finished(
     seen = []
 
     def watched(session: _state.Session) -> None:
-        seen.append(_state.current())  # what any other caller would get while settling
+        seen.append(_state.published())  # what any other caller would get while settling
         settle(session)
-        seen.append(_state.current())
+        seen.append(_state.published())
 
     monkeypatch.setattr(lifecycle, "_complete", watched)
     unidist.initialize("gloo", adapter="torch", timeout=30)
     assert seen == [None, None]
     assert unidist.is_initialized()
-    session = _state.current()
+    session = _state.published()
     assert session is not None
     assert session.topology == unidist.topology()
 
@@ -249,5 +249,5 @@ def test_a_failed_start_up_publishes_nothing_and_tears_down(
     monkeypatch.setattr(lifecycle, "_complete", broken)
     with pytest.raises(TopologyError, match="on purpose"):
         unidist.initialize("gloo", adapter="torch", timeout=30)
-    assert _state.current() is None
+    assert _state.published() is None
     assert not dist.is_initialized()

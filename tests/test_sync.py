@@ -13,7 +13,7 @@ from unidist.testing import run_distributed
 
 
 def _without_control_store() -> dict[str, Any]:
-    session = _state.current()
+    session = _state.published()
     assert session is not None
     assert session.plane is not None
     held = session.plane  # rank 0 hosts the store: keep it alive for finalize

@@ -1,9 +1,9 @@
 """The one slot of process-global state: the active session and the cached environment.
 
 Only the slot: :func:`install` publishes a finished session (:func:`unidist.initialize` builds it
-first), :func:`current` reads it, :func:`reset` forgets everything (tests). Rank getters read
-:func:`view`, which is cheap (no torch import when no process group can exist). Finding the
-session a collective runs on, adopting a process group that someone else created, is
+first), :func:`published` reads it, :func:`reset` forgets everything (tests). Rank getters read
+:func:`effective_reading`, which is cheap (no torch import when no process group can exist). Finding
+the session a collective runs on, adopting a process group that someone else created, is
 :func:`unidist.lifecycle.session_for`, one layer up: this module calls nothing above it.
 """
 
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
 __all__ = [
     "Session",
     "check_against_live_group",
-    "current",
+    "effective_reading",
     "env_reading",
     "install",
     "lock",
+    "published",
     "reset",
     "serial_session",
     "torch_group_is_live",
-    "view",
 ]
 
 
@@ -80,7 +80,7 @@ def env_reading() -> EnvReading:
     return reading
 
 
-def current() -> Session | None:
+def published() -> Session | None:
     """The explicit session, if :func:`unidist.initialize` ran (or adopted a group)."""
     return _session
 
@@ -98,7 +98,7 @@ def torch_group_is_live() -> bool:
     return bool(dist is not None and dist.is_available() and dist.is_initialized())
 
 
-def view() -> EnvReading:
+def effective_reading() -> EnvReading:
     """What the rank getters report: the session's topology, else the live group, else the env."""
     session = _session
     if session is not None:

@@ -369,7 +369,7 @@ def _cuda_device(index: int | None) -> torch.device:
 
     count = torch.cuda.device_count()
     if index is None:
-        return local_cuda_device(_state.view().require("local_rank"))
+        return local_cuda_device(_state.effective_reading().require("local_rank"))
     if index >= count:
         raise ConfigurationError(
             f"device 'cuda:{index}' does not exist: torch sees {count} CUDA device(s) "

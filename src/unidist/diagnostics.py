@@ -42,7 +42,7 @@ def describe() -> dict[str, Any]:
     settings = _env.read_settings()
     info: dict[str, Any] = {"unidist": _version(), "python": sys.version.split()[0]}
     try:
-        reading = _state.view() if _state.current() else _env.read()
+        reading = _state.effective_reading() if _state.published() else _env.read()
         info["launcher"] = reading.launcher
         info["topology"] = (
             reading.topology().as_dict()

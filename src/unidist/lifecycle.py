@@ -103,7 +103,7 @@ def initialize(
         AdapterUnavailableError: the adapter's framework is not installed.
     """
     with _state.lock:
-        session = _state.current()
+        session = _state.published()
         if session is not None:
             _check_same(session, backend, adapter)
             return session.topology
@@ -328,7 +328,7 @@ def finalize() -> None:
 
     Safe to call twice, on any rank independently (it does not wait for the other ranks).
     """
-    session = _state.current()
+    session = _state.published()
     if session is None:
         return
     try:
@@ -359,7 +359,7 @@ def session_for(what: str) -> Session:
         NotInitializedError: several processes are expected but no process group exists, or the
             caller is a forked child (a DataLoader worker) of a rank.
     """
-    session = _state.current()
+    session = _state.published()
     if session is not None:
         if session.pid != os.getpid():
             raise NotInitializedError(
@@ -370,7 +370,7 @@ def session_for(what: str) -> Session:
         return session
     if _state.torch_group_is_live():
         initialize()  # adopt the group someone else created; every rank is here too
-        session = _state.current()
+        session = _state.published()
         assert session is not None
         return session
     reading = _state.env_reading()
@@ -398,13 +398,13 @@ def _release_gil_briefly() -> None:
 
 def is_initialized() -> bool:
     """Whether :func:`initialize` has run in this process (and :func:`finalize` has not)."""
-    session = _state.current()
+    session = _state.published()
     return session is not None and session.explicit
 
 
 def backend() -> str | None:
     """The process-group backend in use (``gloo``, ``nccl``, ...), None without a process group."""
-    session = _state.current()
+    session = _state.published()
     if session is not None:
         return session.backend
     if _state.torch_group_is_live():
@@ -421,7 +421,7 @@ def available_adapters() -> tuple[str, ...]:
 
 def current_adapter() -> Adapter:
     """The adapter collectives go through now (``serial`` in a single process)."""
-    session = _state.current()
+    session = _state.published()
     if session is not None:
         return session.adapter
     return session_for("current_adapter").adapter

@@ -46,12 +46,12 @@ def topology() -> Topology:
         TopologyError: the environment is malformed, or does not say the local values and
             :func:`unidist.initialize` has not worked them out yet.
     """
-    return _state.view().topology()
+    return _state.effective_reading().topology()
 
 
 def get_rank(group: Group | None = None) -> int:
     """Global rank of this process, or its rank within ``group``. 0 when not distributed."""
-    rank = _state.view().rank
+    rank = _state.effective_reading().rank
     if group is None:
         return rank
     inside = group.rank_of(rank)
@@ -62,32 +62,32 @@ def get_rank(group: Group | None = None) -> int:
 
 def get_world_size(group: Group | None = None) -> int:
     """Number of processes in the job, or in ``group``. 1 when not distributed."""
-    return _state.view().world_size if group is None else group.size
+    return _state.effective_reading().world_size if group is None else group.size
 
 
 def get_local_rank() -> int:
     """Rank of this process among those on its node. 0 when not distributed."""
-    return _state.view().require("local_rank")
+    return _state.effective_reading().require("local_rank")
 
 
 def get_local_world_size() -> int:
     """Number of processes on this node. 1 when not distributed."""
-    return _state.view().require("local_world_size")
+    return _state.effective_reading().require("local_world_size")
 
 
 def get_node_rank() -> int:
     """Index of this node. 0 when not distributed (also under torchrun, via ``GROUP_RANK``)."""
-    return _state.view().require("node_rank")
+    return _state.effective_reading().require("node_rank")
 
 
 def get_num_nodes() -> int:
     """Number of nodes in the job. 1 when not distributed."""
-    return _state.view().require("num_nodes")
+    return _state.effective_reading().require("num_nodes")
 
 
 def is_main_process() -> bool:
     """True on global rank 0 (and in a single process)."""
-    return _state.view().rank == 0
+    return _state.effective_reading().rank == 0
 
 
 def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
@@ -95,7 +95,7 @@ def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
-        return fn(*args, **kwargs) if _state.view().rank == 0 else None
+        return fn(*args, **kwargs) if _state.effective_reading().rank == 0 else None
 
     return wrapper
 
@@ -119,7 +119,7 @@ def one_rank_only(
     def decorator(fn: Callable[P, R]) -> Callable[P, R | None]:
         @functools.wraps(fn)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            me = _state.view()
+            me = _state.effective_reading()
             _check_rank(rank, me.world_size, "one_rank_only(rank=...)")
             if not barrier or me.world_size == 1:
                 return fn(*args, **kwargs) if me.rank == rank else None
@@ -151,7 +151,7 @@ def one_rank_first(
         local: choose the first rank per node instead of globally.
         timeout: seconds the others wait for it (default: the session's timeout).
     """
-    me = _state.view()
+    me = _state.effective_reading()
     what = f"one_rank_first(rank={rank}, local={local})"
     if me.world_size == 1:
         _check_rank(rank, 1, what)
@@ -190,11 +190,10 @@ def _report_to_waiters(me: int, what: str, timeout: float | timedelta | None) ->
 def _wait_for(first: int, what: str, timeout: float | timedelta | None) -> None:
     """On a waiting rank: wait (bounded) for ``first``, and raise if it failed."""
     waiting = f"waiting for rank {first} to finish {what}"
-    report = sync.exchange(None, publish=False, wait_for=[first], timeout=timeout, what=waiting)[
-        first
-    ]
-    if report is not None:
+    reports = sync.exchange(None, publish=False, wait_for=[first], timeout=timeout, what=waiting)
+    if reports[first] is not None:
+        me = _state.effective_reading().rank
         raise RemoteError(
-            f"rank {first} raised inside {what}, so rank {_state.view().rank} did not run the "
-            f"block. Its error:\n{report}"
+            f"rank {first} raised inside {what}, so rank {me} did not run the block. Its "
+            f"error:\n{reports[first]}"
         )

@@ -37,7 +37,7 @@ __all__ = [
     "LAUNCHER_MARKER",
     "Settings",
     "Topology",
-    "current",
+    "environ_copy",
     "expand_hostlist",
     "is_set",
     "patched",
@@ -271,7 +271,7 @@ def restore(previous: Mapping[str, str | None]) -> None:
             os.environ[name] = value
 
 
-def current() -> dict[str, str]:
+def environ_copy() -> dict[str, str]:
     """A copy of this process's whole environment (for a child process built from it)."""
     return dict(os.environ)
 

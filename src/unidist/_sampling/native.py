@@ -44,7 +44,7 @@ def native_sampler(
 ) -> torch.utils.data.DistributedSampler[Any]:
     """torch's, Composer's or Ignite's sampler (``which=True``: the running adapter's)."""
     if which is True:
-        session = _state.current()
+        session = _state.published()
         name = session.adapter.name if session is not None else "torch"
         which = name if name in FRAMEWORKS else "torch"
     if which in FRAMEWORKS:

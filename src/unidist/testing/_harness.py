@@ -249,7 +249,7 @@ def _run_once(
                 "UNIDIST_LAUNCHER": "testing",
                 "OMP_NUM_THREADS": "1",
             }
-            merged: dict[str, str | None] = {**_env.current(), **launcher, **env}
+            merged: dict[str, str | None] = {**_env.environ_copy(), **launcher, **env}
             rank_env = {k: v for k, v in merged.items() if v is not None}
             job = _Job(
                 fn,
