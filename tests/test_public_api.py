@@ -60,6 +60,7 @@ EXPECTED = {
     # samplers and data loading
     "DistributedSampler",
     "DistributedSamplerWrapper",
+    "BatchSampler",
     "get_sampler",
     "auto_dataloader",
     "StatefulDataLoader",

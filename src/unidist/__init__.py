@@ -77,6 +77,7 @@ _point_calls(importlib.import_module("unidist.sync"))  # Ignite's idist.sync() i
 _LAZY: dict[str, str] = {
     "DistributedSampler": "unidist.samplers",
     "DistributedSamplerWrapper": "unidist.samplers",
+    "BatchSampler": "unidist.samplers",
     "ShardedIterable": "unidist.streams",
     "StatefulDataLoader": "unidist.data",
     "auto_dataloader": "unidist.data",
@@ -99,12 +100,18 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from unidist.diagnostics import probe, show_config
     from unidist.launch.spawn import spawn
     from unidist.placement import auto_model, auto_optim
-    from unidist.samplers import DistributedSampler, DistributedSamplerWrapper, get_sampler
+    from unidist.samplers import (
+        BatchSampler,
+        DistributedSampler,
+        DistributedSamplerWrapper,
+        get_sampler,
+    )
     from unidist.streams import ShardedIterable, shard_iterable
 
 __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
+    "BatchSampler",
     "ConfigurationError",
     "DDPConfig",
     "DeviceUnavailableError",

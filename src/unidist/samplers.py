@@ -42,7 +42,7 @@ from unidist.errors import ConfigurationError
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["DistributedSampler", "DistributedSamplerWrapper", "get_sampler"]
+__all__ = ["BatchSampler", "DistributedSampler", "DistributedSamplerWrapper", "get_sampler"]
 
 ORDERS = ("fast", "torch")
 #: Indices computed per numpy call: small enough that the first index comes at once.
@@ -461,3 +461,25 @@ def get_sampler(
         rank=rank,
         world_size=world_size,
     )
+
+
+class BatchSampler(torch.utils.data.BatchSampler):
+    """torch's ``BatchSampler``: the same arguments, checks and batches, a chunk at a time.
+
+    Over a unidist sampler (:class:`DistributedSampler`, :class:`DistributedSamplerWrapper`)
+    the batches are cut from the sampler's chunks of indices in C, instead of torch's Python
+    loop over every index; over any other sampler it is torch's own iteration. Give it to a
+    ``DataLoader`` as ``batch_sampler=`` (the loader then has ``batch_size=None``, as with any
+    batch sampler)::
+
+        sampler = unidist.DistributedSampler(dataset, order="fast")
+        loader = DataLoader(dataset, batch_sampler=unidist.BatchSampler(sampler, 256, False))
+
+    ``bench/samplers.py`` measures it against torch's ``DistributedSampler`` +
+    ``BatchSampler``.
+    """
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if isinstance(self.sampler, PassSampler):
+            return self.sampler.batches(self.batch_size, self.drop_last)
+        return super().__iter__()

@@ -21,7 +21,7 @@ from unidist.groups import Group, members
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["Flag", "ExpectedValues", "agree", "barrier", "exchange", "timed_barrier"]
+__all__ = ["ExpectedValues", "Flag", "agree", "barrier", "exchange", "timed_barrier"]
 
 
 def barrier(timeout: float | timedelta | None = None, *, group: Group | None = None) -> None:

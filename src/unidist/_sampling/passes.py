@@ -233,6 +233,26 @@ class PassSampler(_TorchDistributedSampler[int]):
         # through C iterators (chain over list iterators); Python runs once per chunk.
         return itertools.chain.from_iterable(self._iterate())
 
+    def batches(self, batch_size: int, drop_last: bool) -> Iterator[list[Any]]:
+        """This pass as lists of ``batch_size`` indices: what ``BatchSampler(self, ...)`` yields.
+
+        The same batches as torch's ``BatchSampler`` over this sampler, cut from each chunk in
+        C (``islice`` over the chunk's list iterator) instead of one Python step per index, with
+        the same bookkeeping, so :meth:`state_dict` mid-epoch is the same too.
+        """
+        carry: list[Any] = []
+        for it in self._iterate():
+            if carry:
+                carry.extend(itertools.islice(it, batch_size - len(carry)))
+                if len(carry) < batch_size:
+                    continue
+                yield carry
+            while len(batch := list(itertools.islice(it, batch_size))) == batch_size:
+                yield batch
+            carry = batch
+        if carry and not drop_last:
+            yield carry
+
     def _iterate(self) -> Iterator[Iterator[Any]]:
         record = self._begin()
         for chunk in self._chunks(record.epoch, record.share):
