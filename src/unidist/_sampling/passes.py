@@ -236,22 +236,31 @@ class PassSampler(_TorchDistributedSampler[int]):
     def batches(self, batch_size: int, drop_last: bool) -> Iterator[list[Any]]:
         """This pass as lists of ``batch_size`` indices: what ``BatchSampler(self, ...)`` yields.
 
-        The same batches as torch's ``BatchSampler`` over this sampler, cut from each chunk in
-        C (``islice`` over the chunk's list iterator) instead of one Python step per index, with
-        the same bookkeeping, so :meth:`state_dict` mid-epoch is the same too.
+        The same batches as torch's ``BatchSampler`` over this sampler, sliced from each chunk
+        (in C) instead of one Python step per index. What was handed out is counted per batch,
+        so :meth:`state_dict` between batches resumes at the next one.
         """
+        record = self._begin()
+        record.chunk, record.it = 0, None  # yielded() is then the count of handed-out indices
         carry: list[Any] = []
-        for it in self._iterate():
+        for chunk in self._chunks(record.epoch, record.share):
+            start = 0
             if carry:
-                carry.extend(itertools.islice(it, batch_size - len(carry)))
+                start = batch_size - len(carry)
+                carry += chunk[:start]
                 if len(carry) < batch_size:
                     continue
+                record.base += batch_size
                 yield carry
-            while len(batch := list(itertools.islice(it, batch_size))) == batch_size:
-                yield batch
-            carry = batch
+            full = start + (len(chunk) - start) // batch_size * batch_size
+            for lo in range(start, full, batch_size):
+                record.base += batch_size
+                yield chunk[lo : lo + batch_size]
+            carry = chunk[full:]
         if carry and not drop_last:
+            record.base += len(carry)
             yield carry
+        record.exhausted = True
 
     def _iterate(self) -> Iterator[Iterator[Any]]:
         record = self._begin()
