@@ -72,3 +72,17 @@ def test_a_data_loader_takes_it_as_its_batch_sampler() -> None:
     got = torch.cat(list(loader)).tolist()
     assert got == sampler.pass_indices().tolist()
     assert len(got) == 500
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_over_the_wrapper_the_same_batches_too(drop_last: bool) -> None:
+    def wrapper() -> unidist.DistributedSamplerWrapper:
+        return unidist.DistributedSamplerWrapper(
+            RandomSampler(range(CHUNK + 999), generator=torch.Generator().manual_seed(4)),
+            world_size=2,
+            rank=1,
+        )
+
+    assert list(unidist.BatchSampler(wrapper(), 100, drop_last)) == torch_batches(
+        wrapper(), 100, drop_last
+    )
