@@ -225,12 +225,16 @@ def local_values_under_plain_torch() -> tuple[int, int, int, int]:
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     try:
-        return (
+        values = (
             unidist.get_local_world_size(),
             unidist.get_num_nodes(),
             unidist.get_local_rank(),
             unidist.get_node_rank(),
         )
+        # The getters do not communicate after the adoption: without this, rank 0 could
+        # leave before rank 1 has finished joining the session it adopted.
+        unidist.barrier()
+        return values
     finally:
         unidist.finalize()
         dist.destroy_process_group()
@@ -240,7 +244,8 @@ def local_values_under_plain_torch() -> tuple[int, int, int, int]:
 def test_local_getters_adopt_a_group_started_by_plain_torch() -> None:
     # No LOCAL_* or NODE_RANK: the group says rank and world size only, as under Ignite's tests.
     hidden = {"LOCAL_RANK": None, "LOCAL_WORLD_SIZE": None, "NODE_RANK": None}
-    results = run_distributed(local_values_under_plain_torch, init=False, env=hidden)
+    env = {**hidden, "UNIDIST_TIMEOUT": "20"}  # a stuck adoption fails inside the test's time
+    results = run_distributed(local_values_under_plain_torch, init=False, env=env)
     assert results == [(2, 1, 0, 0), (2, 1, 1, 0)]
 
 
