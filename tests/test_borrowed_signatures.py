@@ -96,9 +96,9 @@ def _ddp() -> set[str]:
 def _loader_verdict(name: str) -> Verdict:
     if name == "batch_size":
         return Refused("pass global_batch_size=", 8)
-    if name == "batch_sampler":
-        return Refused("cannot shard a batch_sampler", [[0]])
-    return SAME  # a keyword of DataLoader: auto_dataloader passes it on (or takes it itself)
+    # A keyword of DataLoader (batch_sampler too, used as given, as Ignite does): auto_dataloader
+    # passes it on (or takes it itself).
+    return SAME
 
 
 def _ddp_verdict(name: str) -> Verdict:
@@ -173,14 +173,18 @@ IGNITE: dict[str, dict[str, Verdict]] = {
         # Ignite passes them to Horovod's DistributedOptimizer; so does unidist with via="ignite".
         "kwargs": Forwarded(lambda: {"backward_passes_per_step"}, lambda name: SAME),
     },
-    # unidist.spawn(fn, *args, nproc=N) has another call shape; Ignite's keywords fail at once.
+    # unidist.spawn(fn, *args, nproc=N) has another call shape; Ignite's keywords fail at once,
+    # naming unidist's spelling (tests/test_borrowed_ignite.py checks each message).
     "spawn": {
         "backend": Equivalent("a keyword of unidist.spawn too (Ignite's first positional)"),
         "fn": SAME,
-        "args": Refused("args"),
-        "kwargs_dict": Refused("kwargs_dict"),
-        "nproc_per_node": Refused("nproc_per_node"),
-        "kwargs": Forwarded(lambda: {"master_addr", "node_rank"}, lambda name: Refused(name)),
+        "args": Refused("spawn(fn, *args, nproc=N)"),
+        "kwargs_dict": Refused("functools.partial"),
+        "nproc_per_node": Refused("use nproc=N"),
+        "kwargs": Forwarded(
+            lambda: {"nnodes", "node_rank", "master_addr", "master_port", "init_method"},
+            lambda name: Refused("unidist launch"),
+        ),
     },
 }
 

@@ -51,10 +51,9 @@ def _flat(loader: Any) -> list[int]:
 @pytest.mark.parametrize(
     ("sizes", "fragment"),
     [
-        (dict(), "exactly one of per_rank_batch_size and global_batch_size"),
-        (dict(per_rank_batch_size=2, global_batch_size=8), "exactly one of per_rank_batch_size"),
-        (dict(global_batch_size=10), "use 8 or 12"),
-        (dict(global_batch_size=3), "use 4"),
+        (dict(per_rank_batch_size=2, global_batch_size=8), "give one of per_rank_batch_size"),
+        (dict(global_batch_size=10), "use global_batch_size=8 or 12"),
+        (dict(global_batch_size=3), "use global_batch_size=4"),
         (dict(per_rank_batch_size=0), "per_rank_batch_size must be at least 1"),
         # Ignite's batch_size is the whole job's, DataLoader's one rank's: refused, both named.
         (dict(batch_size=128), "32 per rank on these 4 ranks"),
@@ -95,10 +94,8 @@ def test_a_user_sampler_is_wrapped_and_a_distributed_one_kept() -> None:
     other = DistributedSampler(8, rank=0, world_size=2)
     with pytest.raises(ConfigurationError, match="built for rank 0 of 2, but this is rank 1 of 4"):
         auto_dataloader(range(8), per_rank_batch_size=2, sampler=other)
-    with pytest.raises(ConfigurationError, match="shuffle cannot be combined"):
-        auto_dataloader(range(8), per_rank_batch_size=2, sampler=mine, shuffle=False)
-    with pytest.raises(ConfigurationError, match="pass sampler="):
-        auto_dataloader(range(8), per_rank_batch_size=2, batch_sampler=[[0, 1]])
+    with pytest.raises(ConfigurationError, match="shuffle=True cannot be combined"):
+        auto_dataloader(range(8), per_rank_batch_size=2, sampler=mine, shuffle=True)
 
 
 @pytest.mark.usefixtures("rank_one_of_four")
@@ -110,9 +107,7 @@ def test_drop_last_reaches_the_sampler_and_eval_mode_is_exact() -> None:
 
 
 @pytest.mark.usefixtures("rank_one_of_four")
-def test_streams_must_be_sharded_in_a_job_of_several_ranks() -> None:
-    with pytest.raises(ConfigurationError, match="every one of the 4 ranks would read all of it"):
-        auto_dataloader(Stream(8), per_rank_batch_size=2)
+def test_streams_are_sharded_or_declared_in_a_job_of_several_ranks() -> None:
     with pytest.raises(ConfigurationError, match="no indices to sample or shuffle"):
         auto_dataloader(Stream(8), per_rank_batch_size=2, shuffle=True)
     assert _flat(

@@ -59,6 +59,7 @@ SOURCE = ROOT / "src" / "unidist"
 WHOLE_LIBRARY = {
     "test_architecture": "the import layers (pyproject.toml, docs/architecture.md)",
     "test_bench": "every benchmark's quick mode (bench/)",
+    "test_borrowed_ignite": "Ignite's idist behaviours under unidist's names",
     "test_borrowed_samplers": "torch's, Composer's and Ignite's samplers against unidist's",
     "test_borrowed_signatures": "the installed Composer and Ignite signatures against unidist's",
     "test_docs": "the docs' code blocks and references",

@@ -18,7 +18,7 @@ from unidist._comm import transport
 from unidist._migration import foreign_keywords
 from unidist.adapters.base import REDUCE_OPS
 from unidist.errors import ConfigurationError
-from unidist.groups import Group, members
+from unidist.groups import Group, is_outsider, members
 
 if TYPE_CHECKING:
     import torch
@@ -75,28 +75,33 @@ def all_reduce(value: T, op: str = "sum", *, group: Group | None = None) -> T:
         value: a tensor, or an ``int``, ``float`` or ``bool``.
         op: ``sum``, ``mean``, ``min``, ``max``, ``product``, ``band`` or ``bor`` (any case).
             ``mean`` needs a floating-point tensor; ``band``/``bor`` need integers or bools.
-        group: reduce over this group instead of the whole world.
+        group: reduce over this group instead of the whole world. A rank outside it gets
+            ``value`` back unchanged, as in torch and Ignite.
 
     Returns:
         The reduced value; the input itself for tensors.
 
     Raises:
-        ConfigurationError: unknown op, or an op the dtype cannot hold.
+        TypeError: ``value`` is neither a tensor nor a number (as Ignite's ``all_reduce``).
+        ConfigurationError: unknown op, an op the dtype cannot hold, or a ``group`` that is
+            not a :class:`Group`.
         NotInitializedError: several processes are expected but no process group exists.
     """
     import torch
 
+    if not isinstance(value, torch.Tensor | bool | int | float):
+        raise TypeError(
+            f"all_reduce takes a tensor or a Python number, got {type(value).__name__} "
+            f"{value!r:.80}. HINT: use all_gather_object for other objects."
+        )
     session = lifecycle.session_for("all_reduce")
     name = _op(op)
+    if is_outsider(session, group, "all_reduce"):
+        return value
     size, handle, _ = members(session, group, "all_reduce")
     if isinstance(value, torch.Tensor):
         return transport.reduce_tensor(session, value, name, size, handle)  # type: ignore[return-value]
-    if isinstance(value, bool | int | float):
-        return transport.reduce_number(session, value, name, size, handle)  # type: ignore[return-value]
-    raise ConfigurationError(
-        f"all_reduce takes a tensor or a Python number, got {type(value).__name__}. "
-        "HINT: use all_gather_object for other objects."
-    )
+    return transport.reduce_number(session, value, name, size, handle)  # type: ignore[return-value]
 
 
 def all_gather(tensor: torch.Tensor, *, group: Group | None = None) -> list[torch.Tensor]:
@@ -107,17 +112,20 @@ def all_gather(tensor: torch.Tensor, *, group: Group | None = None) -> list[torc
         group: gather over this group instead of the whole world.
 
     Returns:
-        One new tensor per rank of the group, in rank order (``[tensor.clone()]`` alone).
+        One new tensor per rank of the group, in rank order (``[tensor.clone()]`` alone, and
+        on a rank outside ``group``: its own tensor, as Ignite returns it there).
     """
     import torch
 
     session = lifecycle.session_for("all_gather")
-    size, handle, _ = members(session, group, "all_gather")
     if not isinstance(tensor, torch.Tensor):
         raise ConfigurationError(
             f"all_gather takes a tensor, got {type(tensor).__name__}. "
             "HINT: use all_gather_object for Python objects."
         )
+    if is_outsider(session, group, "all_gather"):
+        return [tensor.clone()]
+    size, handle, _ = members(session, group, "all_gather")
     if size == 1:
         return [tensor.clone()]
     return transport.gather(session, tensor, size, handle, "all_gather")
@@ -131,7 +139,8 @@ def all_gather_uneven(tensor: torch.Tensor, *, group: Group | None = None) -> li
         group: gather over this group instead of the whole world.
 
     Returns:
-        One tensor per rank of the group, in rank order, each with its sender's shape.
+        One tensor per rank of the group, in rank order, each with its sender's shape (on a
+        rank outside ``group``: its own tensor alone).
 
     Raises:
         ConfigurationError: a 0-d tensor, or ranks disagree on dtype or trailing dimensions
@@ -140,7 +149,6 @@ def all_gather_uneven(tensor: torch.Tensor, *, group: Group | None = None) -> li
     import torch
 
     session = lifecycle.session_for("all_gather_uneven")
-    size, handle, control = members(session, group, "all_gather_uneven")
     if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         raise ConfigurationError(
             "all_gather_uneven takes a tensor with at least one dimension, got "
@@ -151,6 +159,9 @@ def all_gather_uneven(tensor: torch.Tensor, *, group: Group | None = None) -> li
         raise ConfigurationError(
             f"all_gather_uneven supports up to {transport.MAX_DIMS} dims, got {tensor.dim()}."
         )
+    if is_outsider(session, group, "all_gather_uneven"):
+        return [tensor.clone()]
+    size, handle, control = members(session, group, "all_gather_uneven")
     if size == 1:
         return [tensor.clone()]
     return transport.gather_uneven(session, tensor, size, handle, control)
@@ -163,9 +174,12 @@ def all_gather_object(obj: T, *, group: Group | None = None) -> list[T]:
     runs code, so use it only between the trusted ranks of one job (see the trust model).
 
     Returns:
-        One object per rank of the group, in rank order (``[obj]`` alone).
+        One object per rank of the group, in rank order (``[obj]`` alone, and on a rank
+        outside ``group``).
     """
     session = lifecycle.session_for("all_gather_object")
+    if is_outsider(session, group, "all_gather_object"):
+        return [obj]
     size, _, control = members(session, group, "all_gather_object")
     return transport.gather_object(session, obj, size, control)
 

@@ -17,6 +17,7 @@ import difflib
 import inspect
 import logging
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
 from typing import Any, Literal, TypeVar, overload
 
@@ -149,19 +150,24 @@ def auto_dataloader(
 ) -> StatefulDataLoader:
     """A DataLoader for this rank, with a distributed sampler injected.
 
-    Exactly one batch size is given: ``per_rank_batch_size``, or ``global_batch_size`` across
+    At most one batch size is given: ``per_rank_batch_size``, or ``global_batch_size`` across
     all ranks, which must divide by the world size (Ignite's ``auto_dataloader`` divides its
-    ``batch_size`` silently and drops the remainder). A bare ``batch_size`` is refused: it is
-    the global batch to Ignite's ``auto_dataloader`` and the per-rank batch to torch's
-    ``DataLoader``, and a port that guessed wrong would silently train with another batch.
+    ``batch_size`` silently and drops the remainder); neither means one sample per rank, the
+    default of DataLoader and of Ignite's ``auto_dataloader``. A bare ``batch_size`` is
+    refused: it is the global batch to Ignite's ``auto_dataloader`` and the per-rank batch to
+    torch's ``DataLoader``, and a port that guessed wrong would silently train with another
+    batch.
     The sampler is :func:`unidist.get_sampler`'s: a user ``sampler`` is wrapped
     (:class:`~unidist.DistributedSamplerWrapper`), a distributed one is kept (after checking
     its rank and world size). ``drop_last`` applies to the sampler (no padding duplicates) and
     to the last partial batch. Unlike DataLoader, ``shuffle`` defaults to True, in one process
-    as well as several, as in Ignite's ``auto_dataloader``. The sampler is Ignite's (torch's
-    ``DistributedSampler``) index for index, and its epoch changes only through
-    ``set_epoch``; unidist's constant-memory order is ``order="fast"``, and epochs that
-    advance without ``set_epoch`` are ``auto_epoch=True``.
+    as well as several (Ignite's ``auto_dataloader`` shuffles by default only with several
+    ranks). With several ranks the sampler is Ignite's (torch's ``DistributedSampler``) index
+    for index, and its epoch changes only through ``set_epoch``; unidist's constant-memory
+    order is ``order="fast"``, and epochs that advance without ``set_epoch`` are
+    ``auto_epoch=True``. In one process unidist keeps its seeded, resumable sampler, where
+    Ignite injects none; ``native="ignite"`` gives Ignite's loader there too (DataLoader's own
+    sampler: sequential unless ``shuffle=True``, or the user's ``sampler`` unwrapped).
 
     Per-rank defaults, each overridable through ``loader_kw``: ``num_workers`` = this rank's
     share of the CPUs minus one for the training process (at most 8; CPUs divided by the
@@ -170,8 +176,11 @@ def auto_dataloader(
     once, on the main rank, to the logger ``unidist.data`` at INFO
     (:func:`unidist.setup_logging` shows them).
 
-    Iterable datasets get no sampler; in a job of several ranks they must be sharded
-    (:func:`shard_iterable`) or declared ``already_sharded=True`` if they split themselves.
+    Iterable datasets get no sampler; in a job of several ranks, one that is neither sharded
+    (:func:`shard_iterable`) nor declared ``already_sharded=True`` is read whole by every rank,
+    as in Ignite, with a warning. A ``batch_sampler`` is used as given, with no distributed
+    sampler and no batch size, as in Ignite (which warns with several ranks, and so does this).
+    ``shuffle=False`` beside a ``sampler`` is accepted, as by DataLoader.
 
     Args:
         dataset: a map-style dataset, or an iterable one (see above).
@@ -186,22 +195,56 @@ def auto_dataloader(
         auto_epoch: advance the epoch when an iteration starts without ``set_epoch``.
         native: use a framework's own sampler (see :func:`unidist.get_sampler`).
         already_sharded: the iterable dataset already yields different data on each rank.
-        **loader_kw: anything else ``DataLoader`` takes (not ``batch_size`` or
-            ``batch_sampler``).
+        **loader_kw: anything else ``DataLoader`` takes (not ``batch_size``), including
+            ``batch_sampler`` (then no batch size, sampler, shuffle or drop_last).
 
     Raises:
-        ConfigurationError: ``batch_size``, both or neither batch size, an indivisible global
-            batch size, a keyword DataLoader does not take, a ``batch_sampler``, a sampler for
-            another world size, or an unsharded stream.
+        ConfigurationError: ``batch_size``, both batch sizes, an indivisible global batch
+            size, a keyword DataLoader does not take, ``shuffle=True`` with a sampler, a
+            sampler for another world size, or a batch sampler with a batch size.
     """
     world, rank = ranks.get_world_size(), ranks.get_rank()
     _check_loader_keywords(loader_kw, world)
+    if "batch_sampler" in loader_kw:
+        return _with_batch_sampler(
+            dataset,
+            per_rank_batch_size,
+            global_batch_size,
+            sampler,
+            shuffle,
+            drop_last,
+            world,
+            loader_kw,
+        )
     per_rank = _per_rank_batch(per_rank_batch_size, global_batch_size, world)
     defaults = _apply_defaults(loader_kw)
     if isinstance(dataset, IterableDataset):
         _check_stream(dataset, sampler, shuffle, world, check_flag(already_sharded, "sharded"))
         loader = StatefulDataLoader(dataset, batch_size=per_rank, drop_last=drop_last, **loader_kw)
     else:
+        if sampler is not None and shuffle is not None:
+            if check_flag(shuffle, "shuffle"):
+                raise ConfigurationError(
+                    "shuffle=True cannot be combined with sampler=: the sampler decides the "
+                    "order (torch's DataLoader refuses it too). HINT: drop shuffle, or shuffle "
+                    "inside your sampler."
+                )
+            shuffle = None  # shuffle=False beside a sampler: the sampler decides, as in torch
+        if native == "ignite" and world == 1:
+            # Ignite's auto_dataloader injects nothing in one process: DataLoader's own
+            # sampler (sequential unless shuffle=True, drawn from torch's global generator),
+            # or the user's sampler unwrapped.
+            loader = StatefulDataLoader(
+                dataset,
+                batch_size=per_rank,
+                sampler=sampler,
+                shuffle=bool(shuffle),
+                drop_last=drop_last,
+                **loader_kw,
+            )
+            if ranks.is_main_process():
+                logger.info("%s", _describe(loader, dataset, per_rank, world, defaults))
+            return loader
         chosen = _choose_sampler(
             dataset,
             sampler,
@@ -220,6 +263,58 @@ def auto_dataloader(
         )
     if ranks.is_main_process():
         logger.info("%s", _describe(loader, dataset, per_rank, world, defaults))
+    return loader
+
+
+def _with_batch_sampler(
+    dataset: Any,
+    per_rank_batch_size: int | None,
+    global_batch_size: int | None,
+    sampler: Any,
+    shuffle: bool | None,
+    drop_last: bool,
+    world: int,
+    loader_kw: dict[str, Any],
+) -> StatefulDataLoader:
+    """Ignite's ``batch_sampler=`` case: the loader is built as given, with nothing injected."""
+    given = {
+        "per_rank_batch_size": per_rank_batch_size,
+        "global_batch_size": global_batch_size,
+        "sampler": sampler,
+        "shuffle": shuffle,
+    }
+    clash = [f"{name}={value!r}" for name, value in given.items() if value is not None]
+    if drop_last:
+        clash.append("drop_last=True")
+    if clash:
+        raise ConfigurationError(
+            f"auto_dataloader(batch_sampler=...) got {', '.join(clash)} too; the batch sampler "
+            "decides the batches, their size and order (torch's DataLoader refuses the same "
+            "mix). HINT: drop them, or drop batch_sampler=."
+        )
+    if world > 1:
+        # Ignite's warning, word for word, then what unidist adds.
+        warnings.warn(
+            "Found batch_sampler in provided kwargs. Please, make sure that it is compatible "
+            f"with distributed configuration. (unidist: the {world} ranks each read what "
+            f"{type(loader_kw['batch_sampler']).__name__} yields; auto_dataloader injects no "
+            "distributed sampler. HINT: pass sampler= and a batch size instead, to have it "
+            "sharded.)",
+            UserWarning,
+            stacklevel=3,
+        )
+    _apply_defaults(loader_kw)
+    loader = StatefulDataLoader(dataset, **loader_kw)
+    if ranks.is_main_process():
+        logger.info(
+            "auto_dataloader: %s over %d rank(s): batch_sampler %s as given (no distributed "
+            "sampler), num_workers=%d per rank, pin_memory=%s",
+            type(dataset).__name__,
+            world,
+            type(loader.batch_sampler).__name__,
+            loader.num_workers,
+            loader.pin_memory,
+        )
     return loader
 
 
@@ -251,13 +346,8 @@ def _check_loader_keywords(loader_kw: dict[str, Any], world: int) -> None:
             "DataLoader and Composer as the batch of one rank. HINT: pass "
             f"global_batch_size={size!r} for Ignite's meaning, or per_rank_batch_size={size!r} "
             "for DataLoader's. Porting from Ignite? Its num_workers is per node (unidist's is "
-            "per rank, like DataLoader's)."
-        )
-    if "batch_sampler" in loader_kw:
-        raise ConfigurationError(
-            "auto_dataloader builds the batches itself and cannot shard a batch_sampler. "
-            "HINT: pass sampler=... (it gets wrapped), or build DataLoader(batch_sampler=...) "
-            "yourself with a batch sampler that splits across ranks."
+            "per rank, like DataLoader's), and in one process it does not shuffle by default "
+            "(unidist does; native='ignite' gives Ignite's one-process loader)."
         )
     accepted = set(inspect.signature(DataLoader.__init__).parameters) - {"self", "dataset"}
     unknown = sorted(set(loader_kw) - accepted)
@@ -280,9 +370,11 @@ def _check_loader_keywords(loader_kw: dict[str, Any], world: int) -> None:
 
 
 def _per_rank_batch(per_rank: int | None, global_batch_size: int | None, world: int) -> int:
-    if (per_rank is None) == (global_batch_size is None):
+    if per_rank is None and global_batch_size is None:
+        return 1  # DataLoader's default batch size, which Ignite's auto_dataloader keeps too
+    if per_rank is not None and global_batch_size is not None:
         raise ConfigurationError(
-            "give exactly one of per_rank_batch_size and global_batch_size (across all "
+            "give one of per_rank_batch_size and global_batch_size (across all "
             f"{world} ranks), got per_rank_batch_size={per_rank!r}, "
             f"global_batch_size={global_batch_size!r}."
         )
@@ -292,9 +384,14 @@ def _per_rank_batch(per_rank: int | None, global_batch_size: int | None, world: 
     if total % world:
         lower, upper = total // world * world, -(-total // world) * world
         choices = f"{lower} or {upper}" if lower else f"{upper}"
+        # What Ignite's batch_size=total would have given: floor division, or no division at
+        # all below the world size.
+        ignite = total // world if total >= world else total
         raise ConfigurationError(
             f"global_batch_size={total} does not divide by the world size {world}, so the ranks "
-            f"cannot share it evenly. HINT: use {choices}, or pass per_rank_batch_size=."
+            f"cannot share it evenly (Ignite's batch_size={total} would give {ignite} per rank, "
+            f"a global batch of {ignite * world}). HINT: use global_batch_size={choices}, or "
+            f"per_rank_batch_size={ignite} for Ignite's result."
         )
     return total // world
 
@@ -356,11 +453,17 @@ def _check_stream(
             "shuffle. HINT: drop sampler/shuffle, and shuffle inside the stream."
         )
     if world > 1 and not sharded and not isinstance(dataset, ShardedIterable):
-        raise ConfigurationError(
-            f"{type(dataset).__name__} is an IterableDataset, and every one of the {world} "
-            "ranks would read all of it. HINT: wrap it, auto_dataloader("
-            "unidist.shard_iterable(dataset), ...), or pass already_sharded=True if it "
-            "yields different data on each rank by itself."
+        # Ignite builds the loader and says so (at INFO); a warning is harder to miss, since
+        # every rank reading the whole stream trains on world-size copies of each sample.
+        warnings.warn(
+            "Found iterable dataset, dataloader will be created without any distributed "
+            "sampling. Please, make sure that the dataset itself produces different data on "
+            f"different ranks. (unidist: otherwise each of the {world} ranks reads all of "
+            f"{type(dataset).__name__}. HINT: wrap it, auto_dataloader("
+            "unidist.shard_iterable(dataset), ...), or pass already_sharded=True if it yields "
+            "different data on each rank by itself.)",
+            UserWarning,
+            stacklevel=4,
         )
 
 

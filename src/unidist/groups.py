@@ -17,7 +17,7 @@ from unidist.errors import ConfigurationError, translate_errors
 if TYPE_CHECKING:
     from unidist._state import Session
 
-__all__ = ["Group", "members", "new_group"]
+__all__ = ["Group", "members", "new_group", "refuse_group"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,16 +47,34 @@ class Group:
         return self.ranks.index(global_rank) if global_rank in self.ranks else None
 
 
+def refuse_group(group: object, what: str) -> ConfigurationError:
+    """The error for a ``group=`` that is not a :class:`Group` (a ``ValueError``, as Ignite's)."""
+    return ConfigurationError(
+        f"{what}(group=...) takes a unidist.Group, got {type(group).__name__} {group!r:.80} "
+        "(Ignite's group= also takes a list of ranks, Composer's a torch ProcessGroup). "
+        "HINT: build it once with group = unidist.new_group(ranks) on every rank."
+    )
+
+
+def is_outsider(session: Session, group: Group | None, what: str) -> bool:
+    """Whether this rank is not in ``group`` (after checking that ``group`` is a Group).
+
+    The gathers and reductions give a non-member its own value back, as Ignite's and torch's
+    do, so that code that calls them on every rank keeps working.
+    """
+    if group is None:
+        return False
+    if not isinstance(group, Group):
+        raise refuse_group(group, what)
+    return session.topology.rank not in group.ranks
+
+
 def members(session: Session, group: Group | None, what: str) -> tuple[int, Any, Any]:
     """(size, adapter handle, control handle) of ``group``; refuses non-members."""
     if group is None:
         return session.topology.world_size, None, session.control
     if not isinstance(group, Group):
-        raise ConfigurationError(
-            f"{what}(group=...) takes a unidist.Group, got {type(group).__name__} {group!r:.80} "
-            "(Ignite's group= also takes a list of ranks, Composer's a torch ProcessGroup). "
-            "HINT: build it once with group = unidist.new_group(ranks) on every rank."
-        )
+        raise refuse_group(group, what)
     if session.topology.rank not in group.ranks:
         raise ConfigurationError(
             f"rank {session.topology.rank} called {what} on a group of ranks {list(group.ranks)} "
@@ -94,6 +112,11 @@ def new_group(ranks: Sequence[int]) -> Group:
     """
     session = lifecycle.session_for("new_group")
     world = session.topology.world_size
+    if not isinstance(ranks, Sequence) or isinstance(ranks, str | bytes):
+        raise ConfigurationError(
+            f"new_group(ranks={ranks!r}) needs a list of distinct integer ranks in "
+            f"0..{world - 1}, got {type(ranks).__name__}. HINT: new_group([{ranks!r}])."
+        )
     chosen = tuple(sorted(set(ranks))) if _all_ints(ranks) else ()
     if not chosen or len(chosen) != len(ranks) or chosen[0] < 0 or chosen[-1] >= world:
         raise ConfigurationError(

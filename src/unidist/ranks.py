@@ -18,7 +18,7 @@ from unidist._migration import foreign_keywords
 from unidist.errors import ConfigurationError, RemoteError
 
 if TYPE_CHECKING:
-    from unidist._env import Topology
+    from unidist._env import EnvReading, Topology
     from unidist.groups import Group
 
 __all__ = [
@@ -46,7 +46,7 @@ def topology() -> Topology:
         TopologyError: the environment is malformed, or does not say the local values and
             :func:`unidist.initialize` has not worked them out yet.
     """
-    return _state.effective_reading().topology()
+    return _view().topology()
 
 
 def get_rank(group: Group | None = None) -> int:
@@ -54,7 +54,7 @@ def get_rank(group: Group | None = None) -> int:
     rank = _state.effective_reading().rank
     if group is None:
         return rank
-    inside = group.rank_of(rank)
+    inside = _group(group, "get_rank").rank_of(rank)
     if inside is None:
         raise ConfigurationError(f"rank {rank} is not in the group of ranks {list(group.ranks)}.")
     return inside
@@ -62,27 +62,68 @@ def get_rank(group: Group | None = None) -> int:
 
 def get_world_size(group: Group | None = None) -> int:
     """Number of processes in the job, or in ``group``. 1 when not distributed."""
-    return _state.effective_reading().world_size if group is None else group.size
+    if group is None:
+        return _state.effective_reading().world_size
+    return _group(group, "get_world_size").size
+
+
+def _group(group: object, what: str) -> Group:
+    """``group`` if it is a :class:`~unidist.Group`, else the error every collective gives."""
+    from unidist.groups import Group, refuse_group
+
+    if not isinstance(group, Group):
+        raise refuse_group(group, what)
+    return group
 
 
 def get_local_rank() -> int:
-    """Rank of this process among those on its node. 0 when not distributed."""
-    return _state.effective_reading().require("local_rank")
+    """Rank of this process among those on its node. 0 when not distributed.
+
+    Under a process group started without launcher variables (plain
+    ``torch.distributed.init_process_group``), the first call adopts the group, as
+    :func:`unidist.initialize` would, and so must be made on every rank.
+    """
+    return _local("local_rank")
 
 
 def get_local_world_size() -> int:
-    """Number of processes on this node. 1 when not distributed."""
-    return _state.effective_reading().require("local_world_size")
+    """Number of processes on this node. 1 when not distributed (see :func:`get_local_rank`)."""
+    return _local("local_world_size")
 
 
 def get_node_rank() -> int:
-    """Index of this node. 0 when not distributed (also under torchrun, via ``GROUP_RANK``)."""
-    return _state.effective_reading().require("node_rank")
+    """Index of this node. 0 when not distributed (also under torchrun, via ``GROUP_RANK``).
+
+    See :func:`get_local_rank` for a process group started without launcher variables.
+    """
+    return _local("node_rank")
 
 
 def get_num_nodes() -> int:
-    """Number of nodes in the job. 1 when not distributed."""
-    return _state.effective_reading().require("num_nodes")
+    """Number of nodes in the job. 1 when not distributed (see :func:`get_local_rank`)."""
+    return _local("num_nodes")
+
+
+def _local(name: str) -> int:
+    """A per-node value (see :func:`_view`)."""
+    return _view().require(name)
+
+
+def _view() -> EnvReading:
+    """What the getters report; adopts a live process group when only the ranks can say it.
+
+    Ignite's getters do the same (their first call syncs with the live group, which
+    communicates): a process group made by plain torch, without the launcher's LOCAL_* and
+    NODE_RANK variables, says only rank and world size, and the hosts of the other ranks are
+    needed for the rest. Every rank calls the same getter, so the adoption lines up.
+    """
+    reading = _state.effective_reading()
+    if reading.missing and _state.published() is None and _state.torch_group_is_live():
+        from unidist import lifecycle
+
+        lifecycle.initialize()
+        reading = _state.effective_reading()
+    return reading
 
 
 def is_main_process() -> bool:
@@ -151,7 +192,7 @@ def one_rank_first(
         local: choose the first rank per node instead of globally.
         timeout: seconds the others wait for it (default: the session's timeout).
     """
-    me = _state.effective_reading()
+    me = _view()
     what = f"one_rank_first(rank={rank}, local={local})"
     if me.world_size == 1:
         _check_rank(rank, 1, what)

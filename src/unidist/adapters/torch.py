@@ -18,21 +18,22 @@ if TYPE_CHECKING:
     from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
 
-__all__ = ["TorchAdapter", "init_method_for"]
+__all__ = ["DEFAULT_MASTER_ADDR", "DEFAULT_MASTER_PORT", "TorchAdapter", "init_method_for"]
+
+#: Where the ranks meet when MASTER_ADDR is not set: Ignite's default (its native computation
+#: model's ``setup_env_vars``), so ``initialize("gloo")`` in a renamed Ignite script meets at
+#: the same address. One host only: ranks on other hosts need MASTER_ADDR.
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+#: The port when MASTER_PORT is not set: Ignite's default, for the same reason.
+DEFAULT_MASTER_PORT = 15000
 
 
 def init_method_for(env: EnvReading) -> str:
-    """The ``tcp://`` rendezvous address of ``env``, or an error that says what to set."""
-    if env.master_addr is None or env.master_port is None:
-        raise ConfigurationError(
-            f"WORLD_SIZE={env.world_size} ({env.launcher}) but MASTER_ADDR/MASTER_PORT are not "
-            f"set (MASTER_ADDR={env.master_addr!r}, MASTER_PORT={env.master_port!r}), so the ranks "
-            "cannot find each other. HINT: export MASTER_ADDR=<host of rank 0> and "
-            "MASTER_PORT=<free port> on every rank (with mpirun: -x MASTER_ADDR -x MASTER_PORT), "
-            "or start the job with torchrun or unidist launch."
-        )
-    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
-    return f"tcp://{host}:{env.master_port}"
+    """The ``tcp://`` rendezvous address of ``env`` (Ignite's defaults for what is not set)."""
+    addr = env.master_addr if env.master_addr is not None else DEFAULT_MASTER_ADDR
+    port = env.master_port if env.master_port is not None else DEFAULT_MASTER_PORT
+    host = f"[{addr}]" if ":" in addr else addr
+    return f"tcp://{host}:{port}"
 
 
 class TorchAdapter(NamedAdapter):

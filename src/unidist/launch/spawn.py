@@ -7,9 +7,11 @@ import os
 import traceback
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from unidist._migration import foreign_keywords
 from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch.console import ConsoleSpec
 from unidist.launch.plan import LaunchPlan
@@ -19,13 +21,46 @@ __all__ = ["spawn"]
 
 R = TypeVar("R")
 
+_IGNITE_SPAWN = "ignite.distributed.spawn and Parallel"
+_ONE_HOST = (
+    "unidist.spawn runs its ranks on this host and picks a free loopback port itself; for "
+    "several nodes or a fixed address run the script with `unidist launch --nnodes N "
+    "--node-rank R --master-addr HOST --master-port PORT` (torchrun's options)"
+)
+_WAITS = (
+    "unidist.spawn always waits for every rank (it returns their results) and starts them "
+    "with torch's elastic agent; drop it"
+)
+#: Ignite's spellings for spawn (idist.spawn, Parallel and the native model's spawn kwargs).
+IGNITE_SPAWN_KEYWORDS: dict[str, tuple[str, str]] = {
+    "args": (
+        _IGNITE_SPAWN,
+        "pass fn's arguments positionally after it: unidist.spawn(fn, *args, nproc=N)",
+    ),
+    "kwargs_dict": (
+        _IGNITE_SPAWN,
+        "bind keyword arguments first: unidist.spawn(functools.partial(fn, **kwargs_dict), "
+        "*args, nproc=N) (fn must be a module-level function)",
+    ),
+    "nproc_per_node": (_IGNITE_SPAWN, "use nproc=N (processes on this host)"),
+    "nnodes": (_IGNITE_SPAWN, _ONE_HOST),
+    "node_rank": (_IGNITE_SPAWN, _ONE_HOST),
+    "master_addr": (_IGNITE_SPAWN, _ONE_HOST),
+    "master_port": (_IGNITE_SPAWN, _ONE_HOST),
+    "init_method": (_IGNITE_SPAWN, _ONE_HOST),
+    "join": (_IGNITE_SPAWN, _WAITS),
+    "daemon": (_IGNITE_SPAWN, _WAITS),
+    "start_method": (_IGNITE_SPAWN, _WAITS),
+}
 
+
+@foreign_keywords(IGNITE_SPAWN_KEYWORDS)
 def spawn(
     fn: Callable[..., R],
     *args: Any,
     nproc: int = 2,
     backend: str | None = None,
-    timeout: float | None = None,
+    timeout: float | timedelta | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     console: bool = True,
     pass_local_rank: bool = False,
@@ -44,7 +79,8 @@ def spawn(
         *args: its arguments (picklable).
         nproc: number of processes.
         backend: process-group backend (``None``: unidist's default for the device).
-        timeout: collective timeout in the ranks, seconds.
+        timeout: collective timeout in the ranks, seconds or a ``timedelta`` (Ignite passes
+            its ``timeout`` to ``init_process_group``: the same timeout).
         log_dir: where each call's log folder goes (default: a per-user folder in the temp dir).
         console: copy the ranks' output to this console, prefixed by rank.
         pass_local_rank: call ``fn(local_rank, *args)``, as Ignite's ``Parallel.run`` does.
@@ -56,12 +92,20 @@ def spawn(
     Returns:
         ``fn``'s return value from every rank, in rank order.
 
+    Ignite's keywords (``nproc_per_node``, ``master_port``, ``kwargs_dict``, ...) raise a
+    ``TypeError`` that names unidist's spelling, as does Ignite's call shape
+    ``spawn(backend, fn, args)``.
+
     Raises:
-        ConfigurationError: ``fn`` cannot be called with these arguments.
+        ConfigurationError: ``fn`` is not callable or cannot be called with these arguments.
+        TypeError: an Ignite keyword, with unidist's spelling.
         LaunchError: a rank failed; the message names the culprit and shows its log.
     """
     from unidist.launch import checks, rundir, runner
 
+    _check_callable(fn, args)
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigurationError(f"spawn(nproc={nproc!r}) needs at least one process.")
     checks.check_capacity(nproc, console=console, option="spawn nproc")
@@ -83,6 +127,23 @@ def spawn(
     if not (keep_logs if keep_logs is not None else log_dir is not None):
         rundir.remove(folder)
     return [results[rank] for rank in range(nproc)]
+
+
+def _check_callable(fn: object, args: tuple[Any, ...]) -> None:
+    """Refuse a ``fn`` that is not callable, naming Ignite's call shape when it looks like it."""
+    if callable(fn):
+        return
+    if isinstance(fn, str) and args and callable(args[0]):
+        name = getattr(args[0], "__qualname__", "fn")
+        raise ConfigurationError(
+            f"spawn({fn!r}, {name}, ...) is Ignite's call shape, spawn(backend, fn, args): "
+            f"unidist's takes the function first. HINT: unidist.spawn({name}, *args, "
+            f"nproc=N, backend={fn!r})."
+        )
+    raise ConfigurationError(
+        f"spawn's first argument must be the function to run, got {type(fn).__name__} "
+        f"{fn!r:.80}. HINT: unidist.spawn(fn, *args, nproc=N)."
+    )
 
 
 def _check_call(fn: Callable[..., Any], args: tuple[Any, ...], pass_local_rank: bool) -> None:
