@@ -65,9 +65,17 @@ def auto_model(
 
     Raises:
         ConfigurationError: an unknown ``via``, a keyword ``DistributedDataParallel`` does not
-            take, DDP keywords with an FSDP or TP config, or a config of another type.
+            take, DDP keywords with an FSDP or TP config, or a config of another type (a bool
+            second, Ignite's positional ``sync_bn``, is refused with a pointer to
+            ``sync_batchnorm=``).
     """
     _check_ddp_keywords(ddp_kwargs)
+    if isinstance(parallelism, bool):
+        raise ConfigurationError(
+            f"auto_model(model, {parallelism!r}): the second argument is a parallelism config, "
+            "where Ignite's auto_model takes sync_bn. HINT: pass "
+            f"sync_batchnorm={parallelism!r} by keyword."
+        )
     if via not in _VIAS:
         raise ConfigurationError(
             f"auto_model(via={via!r}): expected None (unidist's own wrapping) or 'ignite'."

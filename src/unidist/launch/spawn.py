@@ -57,11 +57,17 @@ def spawn(
         ``fn``'s return value from every rank, in rank order.
 
     Raises:
-        ConfigurationError: ``fn`` cannot be called with these arguments.
+        ConfigurationError: ``fn`` is not callable or cannot be called with these arguments.
         LaunchError: a rank failed; the message names the culprit and shows its log.
     """
     from unidist.launch import checks, rundir, runner
 
+    if not callable(fn):  # Ignite's spawn(backend, fn, args, ...) takes the backend first
+        raise ConfigurationError(
+            f"spawn({fn!r}, ...): the first argument is the function to run, got "
+            f"{type(fn).__name__}. HINT: unidist.spawn(fn, *args, nproc=N, backend=...) for "
+            "Ignite's spawn(backend, fn, args, nproc_per_node=N)."
+        )
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigurationError(f"spawn(nproc={nproc!r}) needs at least one process.")
     checks.check_capacity(nproc, console=console, option="spawn nproc")
