@@ -136,3 +136,35 @@ def test_the_ddp_tutorial_gives_plain_torchs_results_bit_for_bit(tmp_path: Path)
         for rank, (ours, theirs) in enumerate(zip(ranks, expected, strict=True)):
             for key in ("epochs", "losses", "weights"):
                 assert ours[key] == theirs[key], f"{label}: rank {rank}'s {key} differ from torch's"
+
+
+def _one_process(tmp_path: Path, label: str, *args: str) -> dict[str, Any]:
+    record = tmp_path / label
+    record.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "examples/ddp_tutorial.py", *args, "--record", str(record)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    result: dict[str, Any] = json.loads((record / "rank0.json").read_text())
+    result["stdout"] = done.stdout
+    return result
+
+
+def test_the_ddp_tutorial_resumes_from_its_snapshot_exactly(tmp_path: Path) -> None:
+    # One process, no launcher: 4 epochs straight, or 2 and then 2 more from the snapshot.
+    straight_snapshot = str(tmp_path / "straight.pt")
+    straight = _one_process(tmp_path, "straight", "4", "2", "--snapshot-path", straight_snapshot)
+    snapshot = str(tmp_path / "snapshot.pt")
+    _one_process(tmp_path, "first", "2", "2", "--snapshot-path", snapshot)
+    resumed = _one_process(tmp_path, "resumed", "4", "2", "--snapshot-path", snapshot)
+    assert "resuming from epoch 2" in resumed["stdout"]
+    assert resumed["epochs"] == straight["epochs"][2:]
+    assert resumed["losses"] == straight["losses"][2:]
+    assert resumed["weights"] == straight["weights"]
