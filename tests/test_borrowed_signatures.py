@@ -327,35 +327,106 @@ def _positions(fn: Callable[..., Any]) -> list[inspect.Parameter]:
 
 
 def _walk_positions(
-    module: Any, keywords: dict[str, dict[str, Verdict]], table: dict[str, dict[str, Position]]
+    module: Any,
+    names: set[str],
+    table: dict[str, dict[str, Position]],
+    samples: dict[str, Callable[[], tuple[Any, ...]]] = POSITIONAL_SAMPLES,
+    keywords: dict[str, dict[str, Verdict]] | None = None,
 ) -> None:
     """Check each positional parameter of ``module``'s mirrored functions against ``table``.
 
     A parameter at its own place keeps its default, unless its keyword's verdict says the
-    defaults are spelt differently (``Equivalent``).
+    defaults are spelt differently (``Equivalent``). ``table[name]["*"]`` is the verdict for
+    every parameter not named. A call of their shape passes at least their required arguments,
+    so each check passes those too (``samples`` has their values, padded with None).
     """
-    for name in sorted(keywords):
+    for name in sorted(names):
         theirs, ours = _positions(getattr(module, name)), _positions(getattr(unidist, name))
         verdicts = table.get(name, {})
-        stale = set(verdicts) - {p.name for p in theirs}
+        stale = set(verdicts) - {p.name for p in theirs} - {"*"}
         assert not stale, f"{module.__name__}.{name}: no positional parameters {sorted(stale)}"
-        sample = POSITIONAL_SAMPLES.get(name)
+        required = sum(p.default is inspect.Parameter.empty for p in theirs)
+
+        def call(
+            count: int, name: str = name, size: int = len(theirs), at_least: int = required
+        ) -> None:
+            values = (*samples[name](), *[None] * size)
+            getattr(unidist, name)(*values[: max(count, at_least)])
+
         for index, parameter in enumerate(theirs):
-            verdict = verdicts.get(parameter.name)
+            verdict = verdicts.get(parameter.name, verdicts.get("*"))
             where = f"{module.__name__}.{name}'s positional {parameter.name} (#{index})"
             if isinstance(verdict, RefusedThere):
-                assert sample is not None, f"{where}: add a POSITIONAL_SAMPLES entry"
+                assert name in samples, f"{where}: add their arguments to the samples"
                 with pytest.raises((TypeError, unidist.ConfigurationError)) as caught:
-                    getattr(unidist, name)(*sample()[: index + 1])
+                    call(index + 1)
                 assert verdict.fragment in str(caught.value), f"{where}: {caught.value}"
                 continue
             expected = verdict.ours if isinstance(verdict, At) else parameter.name
             found = ours[index].name if index < len(ours) else None
             assert found == expected, f"{where} is unidist.{name}'s {found!r}, not {expected!r}"
-            if verdict is None and not isinstance(keywords[name][parameter.name], Equivalent):
+            keyword = (keywords or {}).get(name, {}).get(parameter.name)
+            if verdict is None and not isinstance(keyword, Equivalent):
                 assert ours[index].default == parameter.default, f"{where}: another default"
-            if sample is not None:  # accepted there: the call of their shape runs
-                getattr(unidist, name)(*sample()[: index + 1])
+            if name in samples:  # accepted there: the call of their shape runs
+                call(index + 1)
+
+
+class ProcessGroup:
+    """A stand-in for a torch ``ProcessGroup`` (none exists without a live process group)."""
+
+
+#: torch.distributed's functions (and torch's sampler) that unidist has under the same name.
+TORCH_POSITIONS: dict[str, dict[str, Position]] = {
+    "is_initialized": {},
+    "get_rank": {"group": RefusedThere("takes a unidist.Group")},
+    "get_world_size": {"group": RefusedThere("takes a unidist.Group")},
+    "barrier": {"group": RefusedThere("first argument is the timeout"), "*": KEYWORD_ONLY},
+    "all_reduce": {
+        "tensor": VALUE,
+        "op": RefusedThere("is not a reduction unidist knows"),  # a ReduceOp; names work
+        "*": KEYWORD_ONLY,
+    },
+    "broadcast": {
+        "tensor": VALUE,
+        "src": At("src", "torch's None asks for group_src=; unidist defaults to rank 0"),
+        "*": KEYWORD_ONLY,
+    },
+    # torch fills a list given first; unidist returns it: all_gather(out, t) is a TypeError.
+    "all_gather": {"tensor_list": KEYWORD_ONLY, "*": KEYWORD_ONLY},
+    "all_gather_object": {"object_list": KEYWORD_ONLY, "*": KEYWORD_ONLY},
+    "new_group": {
+        "ranks": At("ranks", "required: torch's default None (every rank) is a TypeError"),
+        "*": KEYWORD_ONLY,
+    },
+    "DistributedSampler": {"dataset": At("data", "a dataset, or its length")},
+}
+
+TORCH_SAMPLES: dict[str, Callable[[], tuple[Any, ...]]] = {
+    "get_rank": lambda: (ProcessGroup(),),
+    "get_world_size": lambda: (ProcessGroup(),),
+    "barrier": lambda: (ProcessGroup(),),
+    "all_reduce": lambda: (torch.ones(1), torch.distributed.ReduceOp.SUM),
+    "broadcast": lambda: (torch.ones(1), 0),
+    "all_gather": lambda: ([torch.ones(1)], torch.ones(1)),
+    "all_gather_object": lambda: ([None], 1),
+    "new_group": lambda: ([0],),
+    "DistributedSampler": lambda: (range(8), 2, 1, True, 0, False),
+}
+
+
+def test_every_positional_argument_of_torch_distributed_keeps_its_place_or_fails() -> None:
+    import torch.distributed as dist
+    import torch.utils.data.distributed as data_distributed
+
+    shared = {
+        name
+        for name in dir(dist)
+        if not name.startswith("_") and callable(getattr(dist, name)) and name in unidist.__all__
+    }
+    assert shared == set(TORCH_POSITIONS) - {"DistributedSampler"}, "verdicts for torch's names"
+    _walk_positions(dist, shared, TORCH_POSITIONS, TORCH_SAMPLES)
+    _walk_positions(data_distributed, {"DistributedSampler"}, TORCH_POSITIONS, TORCH_SAMPLES)
 
 
 @pytest.mark.composer
@@ -369,7 +440,7 @@ def test_every_keyword_of_composer_dist_keeps_its_meaning_or_fails() -> None:
 def test_every_positional_argument_of_composer_dist_keeps_its_place_or_fails() -> None:
     from composer.utils import dist
 
-    _walk_positions(dist, COMPOSER, COMPOSER_POSITIONS)
+    _walk_positions(dist, set(COMPOSER), COMPOSER_POSITIONS, keywords=COMPOSER)
 
 
 @pytest.mark.ignite
@@ -383,7 +454,7 @@ def test_every_keyword_of_ignite_distributed_keeps_its_meaning_or_fails() -> Non
 def test_every_positional_argument_of_ignite_distributed_keeps_its_place_or_fails() -> None:
     import ignite.distributed as idist
 
-    _walk_positions(idist, IGNITE, IGNITE_POSITIONS)
+    _walk_positions(idist, set(IGNITE), IGNITE_POSITIONS, keywords=IGNITE)
 
 
 def test_ddp_keywords_are_what_auto_model_passes_on() -> None:

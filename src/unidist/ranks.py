@@ -54,6 +54,7 @@ def get_rank(group: Group | None = None) -> int:
     rank = _state.effective_reading().rank
     if group is None:
         return rank
+    _check_group(group, "get_rank")
     inside = group.rank_of(rank)
     if inside is None:
         raise ConfigurationError(f"rank {rank} is not in the group of ranks {list(group.ranks)}.")
@@ -62,7 +63,21 @@ def get_rank(group: Group | None = None) -> int:
 
 def get_world_size(group: Group | None = None) -> int:
     """Number of processes in the job, or in ``group``. 1 when not distributed."""
-    return _state.effective_reading().world_size if group is None else group.size
+    if group is None:
+        return _state.effective_reading().world_size
+    _check_group(group, "get_world_size")
+    return group.size
+
+
+def _check_group(group: object, what: str) -> None:
+    """Refuse a torch ``ProcessGroup`` or a list of ranks (torch's and Ignite's ``group=``)."""
+    from unidist.groups import Group
+
+    if not isinstance(group, Group):
+        raise ConfigurationError(
+            f"{what}(group=...) takes a unidist.Group, got {type(group).__name__} {group!r:.80}. "
+            "HINT: build it once with group = unidist.new_group(ranks) on every rank."
+        )
 
 
 def get_local_rank() -> int:
