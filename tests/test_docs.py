@@ -116,6 +116,57 @@ def test_every_composer_dist_function_is_in_the_composer_migration_page() -> Non
     _check_migration("migration/composer.md", "dist", "composer.utils.dist", names)
 
 
+#: What PyTorch's distributed examples (pytorch/examples: the DDP tutorial series, ddp, minGPT-DDP,
+#: FSDP, FSDP2) call in torch.distributed, and the other torch names they use for it.
+TORCH_FUNCTIONS = {
+    "init_process_group",
+    "destroy_process_group",
+    "is_initialized",
+    "is_available",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "barrier",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_object",
+    "broadcast_object_list",
+    "new_group",
+}
+TORCH_OTHERS = (
+    "`torchrun --nproc-per-node N script.py`",
+    "`torchrun --standalone ...`",
+    "--rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID",
+    "--nnodes N --node-rank K --master-addr A --master-port P",
+    'int(os.environ["LOCAL_RANK"])',
+    "LOCAL_WORLD_SIZE",
+    "torch.cuda.set_device(local_rank)",
+    "torch.multiprocessing.spawn",
+    "torch.utils.data.distributed.DistributedSampler",
+    "sampler.set_epoch(epoch)",
+    "DistributedDataParallel(model",
+    "`model.module`",
+    "fully_shard",
+    "shuffle=False",
+)
+
+
+def test_every_torch_call_of_pytorchs_examples_is_in_the_torch_migration_page() -> None:
+    rows = _migration_rows("migration/torch.md", "dist")
+    missing = sorted(TORCH_FUNCTIONS - set(rows))
+    assert not missing, f"docs/migration/torch.md has no row for dist.{missing}"
+    # Composer's pointers serve the names torch shares with it (is_available, ...).
+    pointless = [n for n in TORCH_FUNCTIONS if n not in unidist.__all__ and n not in POINTERS]
+    assert not pointless, f"unidist.{pointless} need pointers"
+    page = _read("migration/torch.md")
+    missing = [usage for usage in TORCH_OTHERS if usage not in page]
+    assert not missing, f"docs/migration/torch.md does not mention {missing}"
+    import torch.distributed as dist
+
+    assert all(callable(getattr(dist, name)) for name in TORCH_FUNCTIONS)
+
+
 #: Ignite's flags and lists: pointed at, but not functions, so not rows of the tables.
 NOT_FUNCTIONS = {
     "has_native_dist_support",
@@ -126,10 +177,13 @@ NOT_FUNCTIONS = {
 
 
 def test_the_pointers_name_the_migration_pages_rows() -> None:
-    ignite = _migration_rows("migration/ignite.md", "idist")
-    composer = _migration_rows("migration/composer.md", "dist")
+    pages = {
+        "ignite.distributed": _migration_rows("migration/ignite.md", "idist"),
+        "composer.utils.dist": _migration_rows("migration/composer.md", "dist"),
+        "torch.distributed": _migration_rows("migration/torch.md", "dist"),
+    }
     for name, (module, _) in POINTERS.items():
-        rows = ignite if module == "ignite.distributed" else composer
+        rows = pages[module]
         if name in NOT_FUNCTIONS:
             continue
         assert name in rows, f"{module}.{name} has a pointer but no row in its migration page"

@@ -1,8 +1,11 @@
 """Every example trains for real under ``unidist launch -n 2``: the loss falls, the ranks read
-disjoint data that covers the dataset, and the custom adapter passes the conformance suite."""
+disjoint data that covers the dataset, and the custom adapter passes the conformance suite. The
+DDP tutorial's example, turned back into plain torch by its ``# torch:`` comments, reads the same
+samples and ends with the same weights, bit for bit, under torchrun and unidist launch."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -25,7 +28,11 @@ EXAMPLES: dict[str, tuple[list[pytest.MarkDecorator], int, bool]] = {
     "composer_trainer": ([pytest.mark.composer], 512, True),
     # drop_last=True, as in Ignite's cifar10: 1024 // 64 * 64 samples, each once.
     "ignite_cifar10": ([pytest.mark.ignite], 1024, True),
+    "ddp_tutorial": ([], 1024, True),
 }
+
+#: Arguments an example needs besides ``--record DIR`` ("{record}" is DIR).
+EXTRA_ARGS = {"ddp_tutorial": ["--snapshot-path", "{record}/snapshot.pt"]}
 
 
 def test_every_example_is_tested_here() -> None:
@@ -33,11 +40,24 @@ def test_every_example_is_tested_here() -> None:
     assert found == set(EXAMPLES)
 
 
-def _launch(name: str, record: Path) -> list[dict[str, Any]]:
+UNIDIST_LAUNCH = ("-m", "unidist", "launch", "-n", "2")
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+
+
+def _launch(
+    name: str, record: Path, launcher: tuple[str, ...] = UNIDIST_LAUNCH, script: Path | None = None
+) -> list[dict[str, Any]]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
-    command = [sys.executable, "-m", "unidist", "launch", "-n", "2"]
+    extra = [arg.format(record=record) for arg in EXTRA_ARGS.get(name, [])]
     done = subprocess.run(
-        [*command, f"examples/{name}.py", "--record", str(record)],
+        [
+            sys.executable,
+            *launcher,
+            str(script or f"examples/{name}.py"),
+            *extra,
+            "--record",
+            str(record),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -73,3 +93,78 @@ def test_the_custom_adapter_example_passes_check_adapter() -> None:
     report = check_adapter("examples.custom_adapter:CountingAdapter", world_size=2)
     assert report
     assert all(message is None for ranks in report.values() for message in ranks.values())
+
+
+def plain_torch(source: str) -> str:
+    """The script with each line below ``# torch: ...`` comments replaced by their statements."""
+    lines: list[str] = []
+    torch_spelling: list[str] = []
+    for line in source.splitlines():
+        code = line.lstrip()
+        if code.startswith("# torch: "):
+            torch_spelling.append(line[: len(line) - len(code)] + code.removeprefix("# torch: "))
+        elif torch_spelling:  # the line torch spells otherwise
+            lines.extend(torch_spelling)
+            torch_spelling = []
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_the_ddp_tutorial_gives_plain_torchs_results_bit_for_bit(tmp_path: Path) -> None:
+    twin = tmp_path / "plain_torch.py"
+    twin.write_text(plain_torch((ROOT / "examples" / "ddp_tutorial.py").read_text()))
+    tree = ast.parse(twin.read_text())
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert "unidist" not in names  # the twin is torch's alone
+    assert "dist" in names
+    runs = {
+        "plain torch under torchrun": (TORCHRUN, twin),
+        "unidist under torchrun": (TORCHRUN, None),
+        "unidist under unidist launch": (UNIDIST_LAUNCH, None),
+    }
+    results = {}
+    for label, (launcher, script) in runs.items():
+        record = tmp_path / label.replace(" ", "_")
+        record.mkdir()
+        results[label] = _launch("ddp_tutorial", record, launcher, script)
+        assert (record / "snapshot.pt").exists()
+    expected = results.pop("plain torch under torchrun")
+    assert len(expected[0]["epochs"]) == 6  # the script's default
+    assert expected[0]["epochs"][0] != expected[0]["epochs"][1]  # set_epoch reshuffled
+    for label, ranks in results.items():
+        for rank, (ours, theirs) in enumerate(zip(ranks, expected, strict=True)):
+            for key in ("epochs", "losses", "weights"):
+                assert ours[key] == theirs[key], f"{label}: rank {rank}'s {key} differ from torch's"
+
+
+def _one_process(tmp_path: Path, label: str, *args: str) -> dict[str, Any]:
+    record = tmp_path / label
+    record.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "examples/ddp_tutorial.py", *args, "--record", str(record)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    result: dict[str, Any] = json.loads((record / "rank0.json").read_text())
+    result["stdout"] = done.stdout
+    return result
+
+
+def test_the_ddp_tutorial_resumes_from_its_snapshot_exactly(tmp_path: Path) -> None:
+    # One process, no launcher: 4 epochs straight, or 2 and then 2 more from the snapshot.
+    straight_snapshot = str(tmp_path / "straight.pt")
+    straight = _one_process(tmp_path, "straight", "4", "2", "--snapshot-path", straight_snapshot)
+    snapshot = str(tmp_path / "snapshot.pt")
+    _one_process(tmp_path, "first", "2", "2", "--snapshot-path", snapshot)
+    resumed = _one_process(tmp_path, "resumed", "4", "2", "--snapshot-path", snapshot)
+    assert "resuming from epoch 2" in resumed["stdout"]
+    assert resumed["epochs"] == straight["epochs"][2:]
+    assert resumed["losses"] == straight["losses"][2:]
+    assert resumed["weights"] == straight["weights"]

@@ -172,3 +172,53 @@ def test_keywords_auto_model_refuses(kwargs: dict[str, Any], message: str) -> No
     with pytest.raises(unidist.ConfigurationError) as caught:
         unidist.auto_model(make_model(), device="cpu", **kwargs)
     assert message in str(caught.value)
+
+
+class Holder(nn.Module):
+    """A model of the user's own whose child is called ``module`` (as ComposerClassifier's is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.module = make_model()
+
+
+def test_unwrap_model_in_one_process() -> None:
+    model = make_model()
+    assert unidist.unwrap_model(model) is model
+    assert unidist.unwrap_model(unidist.auto_model(model, device="cpu")) is model
+    assert unidist.unwrap_model(nn.DataParallel(model)) is model
+    compiled = torch.compile(model)  # compiles on the first call only: cheap here
+    assert compiled is not model
+    assert unidist.unwrap_model(compiled) is model
+    assert unidist.unwrap_model(torch.compile(nn.DataParallel(model))) is model
+    holder = Holder()  # a `.module` that is part of the user's model is not peeled
+    assert unidist.unwrap_model(holder) is holder
+
+
+def unwrap_wrapped(parallelism: Any, compile_it: bool) -> dict[str, Any]:
+    model = make_model()
+    wrapped = unidist.auto_model(model, parallelism, device="cpu")
+    if compile_it:
+        wrapped = torch.compile(wrapped)
+    inner = unidist.unwrap_model(wrapped)
+    return {
+        "wrapper": type(wrapped).__name__,
+        "is_original": inner is model,
+        "shares_parameters": {id(p) for p in inner.parameters()}
+        <= {id(p) for p in wrapped.parameters()},
+    }
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("parallelism", "compile_it", "wrapper"),
+    [
+        (None, False, "DistributedDataParallel"),
+        (None, True, "OptimizedModule"),
+        ({"fsdp": {"sharding_strategy": "FULL_SHARD"}}, False, "FullyShardedDataParallel"),
+        ({"fsdp2": {}}, False, "FSDPSequential"),  # sharded in place: nothing to peel
+    ],
+)
+def test_unwrap_model_with_two_processes(parallelism: Any, compile_it: bool, wrapper: str) -> None:
+    for result in run_distributed(unwrap_wrapped, parallelism, compile_it, world_size=2):
+        assert result == {"wrapper": wrapper, "is_original": True, "shares_parameters": True}

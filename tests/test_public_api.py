@@ -57,6 +57,7 @@ EXPECTED = {
     "TPConfig",
     "auto_model",
     "auto_optim",
+    "unwrap_model",
     # samplers and data loading
     "DistributedSampler",
     "DistributedSamplerWrapper",

@@ -92,6 +92,7 @@ _LAZY: dict[str, str] = {
     "shard_iterable": "unidist.streams",
     "show_config": "unidist.diagnostics",
     "spawn": "unidist.launch.spawn",
+    "unwrap_model": "unidist.placement",
 }
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
@@ -99,7 +100,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from unidist.devices import available_backends, default_backend, device
     from unidist.diagnostics import probe, show_config
     from unidist.launch.spawn import spawn
-    from unidist.placement import auto_model, auto_optim
+    from unidist.placement import auto_model, auto_optim, unwrap_model
     from unidist.samplers import (
         BatchSampler,
         DistributedSampler,
@@ -175,6 +176,7 @@ __all__ = [
     "show_config",
     "spawn",
     "topology",
+    "unwrap_model",
     "use",
 ]
 

@@ -1,4 +1,4 @@
-"""Pointers for names of Ignite's ``idist`` and Composer's ``dist`` that unidist spells otherwise.
+"""Pointers for names of Ignite's ``idist``, Composer's and torch's ``dist`` spelt otherwise here.
 
 A user porting ``idist.get_nnodes()`` to ``unidist.get_nnodes()`` gets an ``AttributeError``
 that names the unidist equivalent, instead of Python's guess from ``dir(unidist)`` (which
@@ -19,7 +19,7 @@ __all__ = ["POINTERS", "foreign_keywords", "missing", "point_calls"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_IGNITE, _COMPOSER = "ignite.distributed", "composer.utils.dist"
+_IGNITE, _COMPOSER, _TORCH = "ignite.distributed", "composer.utils.dist", "torch.distributed"
 _LOCAL_FIRST = "`with unidist.one_rank_first(local=True):` around the download (or the work)"
 
 #: name -> (the framework module that has it, what to use in unidist).
@@ -73,6 +73,13 @@ POINTERS: dict[str, tuple[str, str]] = {
     "busy_wait_for_local_rank_zero": (_COMPOSER, _LOCAL_FIRST),
     "write_signal_file": (_COMPOSER, _LOCAL_FIRST + " (no signal files needed)"),
     "get_node_signal_file_name": (_COMPOSER, _LOCAL_FIRST + " (no signal files needed)"),
+    "init_process_group": (
+        _TORCH,
+        "unidist.initialize(backend, timeout=seconds) (rank, world size and rendezvous come from "
+        "the launcher's environment)",
+    ),
+    "destroy_process_group": (_TORCH, "unidist.finalize()"),
+    "get_backend": (_TORCH, "unidist.backend()"),
 }
 
 

@@ -4,11 +4,13 @@ Unlike Ignite's ``idist.auto_model``, a single process never gets ``DataParallel
 back (pytorch/ignite#2447): with one process the model is only moved to :func:`unidist.device`;
 with several it is wrapped in ``DistributedDataParallel`` (or as a
 :class:`~unidist.parallel.ParallelismConfig` says). ``via="ignite"`` hands the wrapping to
-Ignite's own ``idist.auto_model``/``auto_optim`` instead (Horovod, XLA).
+Ignite's own ``idist.auto_model``/``auto_optim`` instead (Horovod, XLA). ``unwrap_model`` undoes
+the wrapping, for the ``model.module`` of scripts written for several processes.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 
     from unidist.parallel.config import ParallelismConfig
 
-__all__ = ["auto_model", "auto_optim"]
+__all__ = ["auto_model", "auto_optim", "unwrap_model"]
 
 _VIAS = (None, "ignite")
 OptimizerT = TypeVar("OptimizerT", bound="torch.optim.Optimizer")
@@ -63,9 +65,17 @@ def auto_model(
 
     Raises:
         ConfigurationError: an unknown ``via``, a keyword ``DistributedDataParallel`` does not
-            take, DDP keywords with an FSDP or TP config, or a config of another type.
+            take, DDP keywords with an FSDP or TP config, or a config of another type (a bool
+            second, Ignite's positional ``sync_bn``, is refused with a pointer to
+            ``sync_batchnorm=``).
     """
     _check_ddp_keywords(ddp_kwargs)
+    if isinstance(parallelism, bool):
+        raise ConfigurationError(
+            f"auto_model(model, {parallelism!r}): the second argument is a parallelism config, "
+            "where Ignite's auto_model takes sync_bn. HINT: pass "
+            f"sync_batchnorm={parallelism!r} by keyword."
+        )
     if via not in _VIAS:
         raise ConfigurationError(
             f"auto_model(via={via!r}): expected None (unidist's own wrapping) or 'ignite'."
@@ -212,3 +222,58 @@ def auto_optim(optimizer: OptimizerT, *, via: str | None = None, **kwargs: Any) 
             "auto_optim(optimizer, via='ignite'), or call torch_xla's xm.optimizer_step."
         )
     return optimizer
+
+
+#: The wrappers ``unwrap_model`` sees through: (module, class, attribute holding the wrapped one).
+#: Ignite's ``auto_model`` and Composer's Trainer wrap in torch's own DDP (or DataParallel), so
+#: torch's classes cover them; FSDP2's ``fully_shard`` and tensor parallelism change the module in
+#: place and leave nothing to unwrap.
+_WRAPPERS = (
+    ("torch.nn.parallel.distributed", "DistributedDataParallel", "module"),
+    ("torch.nn.parallel.data_parallel", "DataParallel", "module"),
+    ("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel", "module"),
+    ("torch._dynamo.eval_frame", "OptimizedModule", "_orig_mod"),
+)
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module you wrote, from what ``auto_model``, DDP, FSDP or ``torch.compile`` made of it.
+
+    The same call works in one process (where ``auto_model`` does not wrap, and a script's
+    ``model.module`` would raise ``AttributeError``) and in several: it peels
+    ``DistributedDataParallel``, ``DataParallel`` and FSDP v1's ``FullyShardedDataParallel``
+    (their ``.module``) and ``torch.compile``'s ``OptimizedModule`` (its ``_orig_mod``), in any
+    nesting, and returns anything else unchanged: a plain module, one sharded in place by FSDP2's
+    ``fully_shard`` or tensor parallelism, a ``ComposerModel`` (whose own ``.module`` is part of
+    your model, so it is not peeled). Nothing is copied or moved: the result shares its
+    parameters with the wrapper. Use it for attributes, saving and loading; train through the
+    wrapper, since calling the unwrapped module skips DDP's gradient averaging.
+
+    With FSDP v1 the unwrapped module holds only this rank's flattened shard of the parameters;
+    take a full ``state_dict`` from the wrapper (``torch.distributed.checkpoint``) instead.
+
+    Args:
+        model: a module, wrapped or not.
+
+    Returns:
+        The innermost module: ``model`` itself when it is no wrapper.
+    """
+    while True:
+        inner = _wrapped(model)
+        if inner is None:
+            return model
+        model = inner
+
+
+def _wrapped(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module ``model`` wraps, or None when it is not one of ``_WRAPPERS``."""
+    for module_name, class_name, attribute in _WRAPPERS:
+        # A wrapper's module is imported before any of its instances exists, so a module not yet
+        # imported means no such wrapper, and unwrapping imports nothing (torch.distributed and
+        # torch._dynamo cost seconds to import, and are missing from some builds).
+        module = sys.modules.get(module_name)
+        wrapper = getattr(module, class_name, None) if module is not None else None
+        if wrapper is not None and isinstance(model, wrapper):
+            inner: torch.nn.Module = getattr(model, attribute)
+            return inner
+    return None

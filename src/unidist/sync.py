@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from unidist import _env, collectives, lifecycle
 from unidist._comm.control import ExpectedValues
 from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
-from unidist.errors import translate_errors
+from unidist.errors import ConfigurationError, translate_errors
 from unidist.groups import Group, members
 
 if TYPE_CHECKING:
@@ -34,8 +34,16 @@ def barrier(timeout: float | timedelta | None = None, *, group: Group | None = N
         group: synchronise this group instead of the whole world.
 
     Raises:
+        ConfigurationError: a timeout that is no number of seconds or timedelta (a group passed
+            first, as torch's and Composer's ``barrier(group)`` take it).
         DistributedTimeoutError: not every rank arrived in time.
     """
+    if timeout is not None and not isinstance(timeout, int | float | timedelta):
+        raise ConfigurationError(
+            f"barrier({timeout!r}): unidist.barrier's first argument is the timeout in seconds; "
+            "torch's and Composer's barrier take the group first. HINT: pass the group by "
+            "keyword, barrier(group=unidist.new_group(ranks))."
+        )
     session = lifecycle.session_for("barrier")
     size, handle, _ = members(session, group, "barrier")
     if timeout is not None:
