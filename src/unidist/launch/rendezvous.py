@@ -274,6 +274,16 @@ def _single_node(
     port = _port(master_port, "--master-port") if master_port else 0
     if port:
         check_port_free(port, "--master-port")
+        # As torchrun: the agent hosts its store at MASTER_ADDR:MASTER_PORT and lends it to the
+        # ranks (TORCHELASTIC_USE_AGENT_STORE=True), so init_method="tcp://ADDR:PORT" and
+        # env:// reach that store instead of trying to listen on the same port.
+        return Rendezvous(
+            backend="static",
+            endpoint=f"{master_addr or '127.0.0.1'}:{port}",
+            run_id=args.rdzv_id or uuid.uuid4().hex[:12],
+            configs=parse_conf(args.rdzv_conf, "static"),
+            local_addr=args.local_addr,
+        )
     return Rendezvous(
         endpoint=f"{master_addr or 'localhost'}:{port}",
         # A fresh id per run, so that two jobs on one host never share a rendezvous.
