@@ -125,10 +125,15 @@ def parse_conf(text: str | None, backend: str) -> dict[str, str]:
     """``--rdzv-conf`` ``KEY=VALUE,...`` -> a dict, with unknown keys refused for c10d and static.
 
     torch ignores a key it does not read, so a typo (``last_cal_timeout``) would silently keep
-    the default; for the built-in backends an unknown key is an error with a suggestion.
+    the default; for the built-in backends an unknown key is an error with a suggestion. Quotes
+    around the whole value that reached the program literally (``"'a=1,b=2'"``, quoted twice)
+    are dropped: torch would read a key ``'a`` and ignore it, unidist would refuse it.
     """
     configs: dict[str, str] = {}
-    for item in (text or "").split(","):
+    body = (text or "").strip()
+    if len(body) > 1 and body[0] == body[-1] and body[0] in "'\"":
+        body = body[1:-1]
+    for item in body.split(","):
         if not item.strip():
             continue
         key, sep, value = (part.strip() for part in item.partition("="))
