@@ -222,6 +222,7 @@ def _value(option: str, action: argparse.Action, tmp_path: Path) -> list[str]:
         "log_line_prefix_template": "[${rank}]",
         "signals_to_handle": "SIGTERM,SIGUSR1",
         "shutdown_timeout": "5",
+        "logs_specs": "default",  # torch's own torchrun.logs_specs entry point
     }
     return [values.get(name, "x")]
 
