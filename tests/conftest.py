@@ -27,7 +27,7 @@ from unidist.adapters import registry
 _LAUNCHER_VARIABLE = re.compile(
     r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|NODE_RANK|GROUP_RANK|GROUP_WORLD_SIZE|"
     r"ROLE_RANK|ROLE_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|TORCHELASTIC_\w+|SLURM_\w+|OMPI_\w+|"
-    r"PMI_\w+|MPI_LOCAL\w+|MV2_\w+|UNIDIST_\w+)$"
+    r"PMI_\w+|MPI_LOCAL\w+|MV2_\w+|UNIDIST_\w+|PET_\w+)$"
 )
 #: Variables torch itself sets while tests run (not a test's leak): newer releases set the
 #: inductor cache folder when it first compiles and the elastic signal list when an agent runs.

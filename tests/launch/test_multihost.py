@@ -116,9 +116,10 @@ def finish(launchers: list[subprocess.Popen[str]], timeout: float) -> list[tuple
 
 
 def failed_at(log_dir: Path, rank: int) -> int:
-    """When ``rank`` recorded its error (``time.time_ns``), from its record in the run folder."""
+    """When ``rank`` recorded its error (``time.time_ns``), from its error file in the run
+    folder (torch's format, unidist's details under ``extraInfo.unidist``)."""
     (record,) = log_dir.glob(f"*/.events/error-s0-r{rank}.json")
-    return int(json.loads(record.read_text())["time_ns"])
+    return int(json.loads(record.read_text())["message"]["extraInfo"]["unidist"]["time_ns"])
 
 
 def culprit_line(err: str) -> str:

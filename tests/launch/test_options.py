@@ -222,6 +222,7 @@ def _value(option: str, action: argparse.Action, tmp_path: Path) -> list[str]:
         "log_line_prefix_template": "[${rank}]",
         "signals_to_handle": "SIGTERM,SIGUSR1",
         "shutdown_timeout": "5",
+        "logs_specs": "default",  # torch's own torchrun.logs_specs entry point
     }
     return [values.get(name, "x")]
 
@@ -306,7 +307,8 @@ def test_nproc_per_node_auto_means_what_torchrun_means(capsys: pytest.CaptureFix
         (["--console-ranks", "zero"], "--console-ranks 'zero' is not a list of ranks"),
         (["--redirects", "5"], "expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"),
         (["-n", "2", "--nproc-per-node", "2"], "both set the processes on this node"),
-        (["--logs-specs", "mine"], "--log-dir DIR, or --stdout/--stderr templates"),
+        (["--logs-specs", "mine"], "--logs-specs 'mine': no entry point of that name"),
+        (["--duplicate-stdout-filters", "x"], "filter it there, e.g. grep PATTERN"),
     ],
 )
 def test_rendezvous_and_console_refusals(

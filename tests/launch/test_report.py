@@ -33,6 +33,10 @@ def start_with(tmp_path: Path, records: dict[str, dict[str, object]], index: int
     for name, data in records.items():
         kind, rank = name.split(":")
         record = {"rank": int(rank), "host": "h", "pid": 1, "time_ns": 0, "start": index, **data}
+        if kind == "error":  # torch's error-file format, unidist's classification inside
+            message = record.pop("message")
+            text = {"message": f"{record['type']}: {message}", "extraInfo": {"unidist": record}}
+            record = {"message": text}
         (events / f"{kind}-s{index}-r{rank}.json").write_text(json.dumps(record))
     slots = {
         r: Slot(r, r, 0, 2, tmp_path / f"rank{r}.out", tmp_path / f"rank{r}.err") for r in (0, 1)

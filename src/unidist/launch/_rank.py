@@ -1,9 +1,10 @@
 """What runs inside every rank that ``unidist launch`` or :func:`unidist.spawn` starts.
 
 Each rank leaves small JSON records in the run's event folder (``UNIDIST_EVENTS``): when it
-started (pid, rank, host), how it ended (finished, or the exception it raised and whether that
-exception was its own fault or the consequence of another rank's failure). The launcher reads
-them to name the culprit. Each rank also:
+started (pid, rank, host) and that it finished; why it failed goes to torch's error file
+(``TORCHELASTIC_ERROR_FILE``, in torch's format: the exception, plus whether it was its own
+fault or the consequence of another rank's failure). The launcher reads them to name the
+culprit. Each rank also:
 
 * dumps every thread's Python stack to its stderr log when the launcher stops it (SIGTERM or
   SIGINT) or asks for it (SIGUSR1), so the report shows what a stopped rank was doing;
@@ -240,21 +241,15 @@ def classify(exc: BaseException) -> str:
 
 
 def record_error(exc: BaseException) -> None:
-    """Record why this rank is failing (and hand it to torch's error file as well)."""
-    lines = traceback.format_exception(exc)
-    _write(
-        "error",
-        {
-            "kind": classify(exc),
-            "type": type(exc).__name__,
-            "message": str(exc)[:2000],
-            "traceback": "".join(lines)[-6000:],
-        },
-    )
-    with contextlib.suppress(Exception):
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+    """Write this rank's error file (``TORCHELASTIC_ERROR_FILE``, torch's format) for the
+    launcher's report and torch's agent: the exception, and whether it was this rank's fault.
 
-        get_error_handler().record_exception(exc)
+    A script's ``@record`` (torch's) may have written the file a moment before, with the same
+    exception; this replaces it with the same content plus unidist's classification.
+    """
+    records.write_error(
+        _identity(), exc, classify(exc), "".join(traceback.format_exception(exc))[-6000:]
+    )
 
 
 def record_done() -> None:

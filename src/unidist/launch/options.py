@@ -3,6 +3,9 @@
 Every option torchrun has (torch 2.7 to the newest) is either accepted with torchrun's meaning or
 refused with a message that names unidist's equivalent (:data:`REFUSED`); Composer's launcher
 spellings (``--world_size``, ``--base_rank``, ``--module_mode``, ``--command_mode``) work too.
+As under torchrun, an option torchrun reads from ``PET_<OPTION>`` (``PET_NPROC_PER_NODE``,
+``PET_MASTER_PORT``, ...) takes its default from that variable, and the console prefix from
+``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``; the command line wins.
 A mistake prints ``unidist launch``'s usage (not the top-level one) and, for a mistyped option,
 the closest real one (``--nprocs`` -> ``--nproc``).
 """
@@ -11,16 +14,23 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
-__all__ = ["REFUSED", "CommandParser", "add_arguments", "suggest"]
+__all__ = [
+    "LOG_LINE_PREFIX",
+    "PET_OPTIONS",
+    "REFUSED",
+    "CommandParser",
+    "add_arguments",
+    "suggest",
+    "torchrun_env_defaults",
+]
 
 #: torchrun options unidist does not take, and what to use instead.
 REFUSED = {
-    "--logs-specs": "unidist writes every rank's output to its own files itself: choose where "
-    "with --log-dir DIR, or --stdout/--stderr templates such as 'logs/out_{rank}.log'",
     "--duplicate-stdout-filters": "every rank's whole output is kept in its log file (the report "
     "prints the paths): filter it there, e.g. grep PATTERN <log dir>/*/rank*.stdout.log",
     "--duplicate-stderr-filters": "every rank's whole output is kept in its log file (the report "
@@ -98,6 +108,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*_both(option), action=_Refuse, dest=f"refused_{option[2:]}")
     parser.add_argument("target", help="the training script (or module, with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    parser.set_defaults(**torchrun_env_defaults())
+
+
+#: torchrun's options that it also reads from ``PET_<DEST>`` (dest -> a flag?), torch 2.7 on.
+PET_OPTIONS = {
+    "nnodes": False,
+    "nproc_per_node": False,
+    "rdzv_backend": False,
+    "rdzv_endpoint": False,
+    "rdzv_id": False,
+    "rdzv_conf": False,
+    "standalone": True,
+    "max_restarts": False,
+    "monitor_interval": False,
+    "start_method": False,
+    "role": False,
+    "module": True,
+    "no_python": True,
+    "run_path": True,
+    "log_dir": False,
+    "redirects": False,
+    "tee": False,
+    "local_ranks_filter": False,
+    "node_rank": False,
+    "master_addr": False,
+    "master_port": False,
+    "local_addr": False,
+}
+
+#: torchrun's variable for the console prefix (``--log-line-prefix-template`` wins over it).
+LOG_LINE_PREFIX = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+
+
+def torchrun_env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Option defaults from torchrun's variables: ``PET_<OPTION>`` for each option torchrun
+    reads from the environment, and ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``.
+
+    As in torchrun, an option on the command line wins over its variable; a flag's variable is
+    ``1`` (on) or ``0`` (off). ``pet`` lists the options whose value came from a variable;
+    ``pet_invalid`` the flag variables that were neither (refused by ``plan_from_args``).
+    """
+    env = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    invalid: list[str] = []
+    for dest, flag in PET_OPTIONS.items():
+        name = f"PET_{dest.upper()}"
+        value = env.get(name)
+        if value is None or (not flag and value == ""):
+            continue
+        if flag and value.strip() not in ("0", "1"):
+            invalid.append(f"{name}={value!r}")
+        else:
+            found[dest] = value.strip() == "1" if flag else value
+    prefix = env.get(LOG_LINE_PREFIX)
+    if prefix:
+        found["log_line_prefix_template"] = prefix
+    found["pet"] = tuple(sorted(dest for dest in found if dest in PET_OPTIONS))
+    found["pet_invalid"] = tuple(invalid)
+    return found
 
 
 def _sizing(parser: argparse.ArgumentParser) -> None:
@@ -272,6 +341,13 @@ def _logs(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="console prefix with ${rank}, ${local_rank}, ${role_name}, ${hostname} "
         "(default '[rank${rank}]: ')",
+    )
+    add(
+        *_both("--logs-specs"),
+        default=None,
+        help="torchrun's: the name of a torchrun.logs_specs entry point (a LogsSpecs class) "
+        "that decides where each rank's stdout and stderr go, built as torchrun builds it "
+        "(from --log-dir, --redirects, --tee, --local-ranks-filter)",
     )
     add(
         "--no-console",

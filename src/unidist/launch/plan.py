@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import importlib.util
 import os
 import tempfile
@@ -28,6 +29,58 @@ _PLACEHOLDERS = {
     "world_size": 1,
     "local_world_size": 1,
 }
+
+
+#: The entry-point group of torchrun's ``--logs-specs``.
+LOGS_SPECS_GROUP = "torchrun.logs_specs"
+
+
+@dataclass(frozen=True)
+class ChosenLogsSpecs:
+    """``--logs-specs NAME`` and the options torchrun builds that ``LogsSpecs`` class from."""
+
+    name: str
+    log_dir: str | None = None
+    redirects: str = "0"
+    tee: str = "0"
+    local_ranks_filter: str | None = None
+
+    def load(self) -> Any:
+        """The ``LogsSpecs`` object, built as torchrun builds it.
+
+        Raises:
+            ConfigurationError: no entry point of that name, or it cannot be loaded.
+        """
+        from torch.distributed.elastic.multiprocessing import Std
+
+        found = [
+            ep
+            for ep in importlib.metadata.entry_points(group=LOGS_SPECS_GROUP)
+            if ep.name == self.name
+        ]
+        if not found:
+            names = sorted(
+                ep.name for ep in importlib.metadata.entry_points(group=LOGS_SPECS_GROUP)
+            )
+            raise ConfigurationError(
+                f"--logs-specs {self.name!r}: no entry point of that name in the group "
+                f"{LOGS_SPECS_GROUP!r} (installed: {', '.join(names) or 'none'}). HINT: install "
+                "the package that provides it, or drop --logs-specs."
+            )
+        try:
+            cls = found[0].load()
+        except Exception as exc:
+            raise ConfigurationError(
+                f"--logs-specs {self.name!r}: loading {found[0].value} failed: "
+                f"{type(exc).__name__}: {exc}. HINT: fix or reinstall the package that provides it."
+            ) from None
+        ranks = self.local_ranks_filter
+        return cls(
+            log_dir=self.log_dir,
+            redirects=Std.from_str(self.redirects),
+            tee=Std.from_str(self.tee),
+            local_ranks_filter={int(r) for r in ranks.split(",")} if ranks else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -55,6 +108,8 @@ class LaunchPlan:
             they are reported as hung and killed (0: wait for ever).
         torch_options: ``LaunchConfig`` fields only newer torch releases have, as given.
         notes: where values came from (SLURM, defaults), for --dry-run.
+        logs_specs: a ``torchrun.logs_specs`` entry point that places the ranks' output
+            (``--logs-specs``), or None: unidist's files from the templates.
     """
 
     target: str | None
@@ -75,6 +130,7 @@ class LaunchPlan:
     exit_timeout: float = 600.0
     torch_options: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    logs_specs: ChosenLogsSpecs | None = None
 
     @property
     def restarts_possible(self) -> bool:
@@ -95,7 +151,20 @@ class LaunchPlan:
         return Path(out.format(**values)), Path(err.format(**values))
 
 
+def _check_pet(args: argparse.Namespace) -> None:
+    """Refuse torchrun flag variables that are not 0 or 1 (torchrun fails on them too)."""
+    invalid = getattr(args, "pet_invalid", ())
+    if invalid:
+        raise ConfigurationError(
+            f"{', '.join(invalid)}: torchrun reads a flag's PET_ variable as 0 or 1. HINT: set "
+            "it to 1 (on) or 0 (off), or unset it."
+        )
+
+
 def _nproc(args: argparse.Namespace) -> tuple[int, str | None]:
+    if args.nproc is not None and "nproc_per_node" in getattr(args, "pet", ()):
+        # -n on the command line wins over PET_NPROC_PER_NODE, as a torchrun option would.
+        args.nproc_per_node = None
     if args.nproc is not None and args.nproc_per_node is not None:
         raise ConfigurationError(
             f"-n/--nproc {args.nproc} and --nproc-per-node {args.nproc_per_node} both set the "
@@ -146,6 +215,7 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
     Raises:
         ConfigurationError: what is wrong and how to fix it.
     """
+    _check_pet(args)
     checks.check_numbers(args)
     checks.check_endpoint(args.rdzv_endpoint, "--rdzv-endpoint")
     checks.check_host(args.master_addr, "--master-addr")
@@ -187,6 +257,7 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
         exit_timeout=args.exit_timeout,
         torch_options=_torch_options(args),
         notes=tuple(notes),
+        logs_specs=_logs_specs(args),
     )
     check_log_places(plan)
     return plan
@@ -216,6 +287,22 @@ def _console(args: argparse.Namespace, rdzv: Rendezvous, nproc: int) -> ConsoleS
         hidden=hidden,
         prefix=prefix,
     )
+
+
+def _logs_specs(args: argparse.Namespace) -> ChosenLogsSpecs | None:
+    name = getattr(args, "logs_specs", None)
+    if name is None:
+        return None
+    if args.stdout is not None or args.stderr is not None:
+        raise ConfigurationError(
+            f"--logs-specs {name} decides where the ranks' output goes, and so do --stdout and "
+            "--stderr. HINT: keep one of them."
+        )
+    chosen = ChosenLogsSpecs(
+        name, args.log_dir, args.redirects or "0", args.tee or "0", args.local_ranks_filter
+    )
+    chosen.load()  # a missing or broken entry point fails before anything starts
+    return chosen
 
 
 def _torch_options(args: argparse.Namespace) -> dict[str, Any]:

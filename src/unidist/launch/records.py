@@ -1,8 +1,14 @@
 """The records ranks leave for their launcher, and who a PID really is.
 
 Each rank writes small JSON files into its run's event folder (``UNIDIST_EVENTS``): ``start``
-(pid, process start time, rank, host), then ``done`` or ``error`` (the exception, and whether it
-was the rank's own fault). Files are named ``<kind>-s<start>-r<rank>.json``, where ``start``
+(pid, process start time, rank, host), then ``done`` or ``error``. The error record is torch's
+error file: the file ``TORCHELASTIC_ERROR_FILE`` names, in the JSON that torch's ``@record``
+and ``ErrorHandler`` write (``{"message": {"message": "Type: text", "extraInfo": {"py_callstack":
+..., "timestamp": ...}}}``), so a script's ``@record`` and unidist's rank wrapper write one file
+in one format, and torch's agent reads it too. unidist adds, inside ``extraInfo``, an ``unidist``
+object: whether the exception was the rank's own fault, and when (ns). A file without it (a
+program that wrote torch's format itself) still counts, as the rank's own failure at the file's
+timestamp. Files are named ``<kind>-s<start>-r<rank>.json``, where ``start``
 counts the starts of this node's ranks in this run (restarts after a failure and after a change
 of membership alike), so a record is never mistaken for another start's. The folder is private
 and new for every run (:mod:`unidist.launch.rundir`); records are plain JSON, checked on reading.
@@ -19,11 +25,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVENTS", "START", "Slot", "Start", "process_start_time", "read", "write"]
+__all__ = [
+    "ERROR_FILE",
+    "EVENTS",
+    "START",
+    "Slot",
+    "Start",
+    "error_file",
+    "process_start_time",
+    "read",
+    "write",
+    "write_error",
+]
 
 #: The variables that tell a rank where its records go and which start it belongs to.
 EVENTS = "UNIDIST_EVENTS"
 START = "UNIDIST_START"
+#: torch's variable: where a rank writes why it failed (torch's ``@record`` reads it too).
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 _KINDS = ("start", "error", "done")
 
 
@@ -55,15 +74,49 @@ def process_start_time(pid: int) -> int | None:
     return None
 
 
+def error_file(events: Path, start: int, rank: int) -> Path:
+    """Where the rank ``rank`` of start ``start`` writes its error file (``ERROR_FILE``)."""
+    return events / f"error-s{start}-r{rank}.json"
+
+
 def write(kind: str, identity: dict[str, Any], payload: dict[str, Any]) -> None:
     """Write one record atomically (inside a rank)."""
     folder = os.environ.get(EVENTS)
     if not folder:
         return
     start = os.environ.get(START, identity.get("attempt", 0))
-    path = Path(folder, f"{kind}-s{start}-r{identity['rank']}.json")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     record = {**identity, **payload, "start": int(start), "time_ns": time.time_ns()}
+    _replace(Path(folder, f"{kind}-s{start}-r{identity['rank']}.json"), record)
+
+
+def write_error(identity: dict[str, Any], exc: BaseException, kind: str, callstack: str) -> None:
+    """Write this rank's error file (``ERROR_FILE``) in torch's format, atomically.
+
+    Args:
+        identity: the rank's identity (rank, pid, host, ...), kept under ``unidist``.
+        exc: the exception the rank fails with.
+        kind: ``raised`` (its own fault), ``collateral`` or ``timeout`` (another rank's).
+        callstack: the formatted traceback.
+    """
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return
+    now = time.time_ns()
+    ours = {**identity, "kind": kind, "type": type(exc).__name__, "time_ns": now}
+    ours["start"] = int(os.environ.get(START, identity.get("attempt", 0)))
+    message = {
+        "message": f"{type(exc).__name__}: {exc}",
+        "extraInfo": {
+            "py_callstack": callstack,
+            "timestamp": str(now // 1_000_000_000),
+            "unidist": ours,
+        },
+    }
+    _replace(Path(path), {"message": message})
+
+
+def _replace(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # tracebacks: private
     with os.fdopen(fd, "w") as out:
         out.write(json.dumps(record))
@@ -78,9 +131,40 @@ def read(events: Path, start: int) -> dict[tuple[str, int], dict[str, Any]]:
             kind = path.name.split("-", 1)[0]
             with contextlib.suppress(OSError, ValueError):
                 data = json.loads(path.read_text())
+                if kind == "error":
+                    data = _from_error_file(data, path)
                 if kind in _KINDS and isinstance(data, dict) and _valid(data):
                     found[(kind, int(data["rank"]))] = data
     return found
+
+
+def _from_error_file(data: Any, path: Path) -> Any:
+    """torch's error-file JSON -> the flat record the report reads (rank, kind, type, message,
+    traceback, time_ns); a file unidist did not complete counts as the rank's own failure."""
+    outer = data.get("message") if isinstance(data, dict) else None
+    if not isinstance(outer, dict):
+        return None
+    text = str(outer.get("message", ""))
+    extra = _mapping(outer.get("extraInfo"))
+    ours = _mapping(extra.get("unidist"))
+    name, _, message = text.partition(": ")
+    stamp = str(extra.get("timestamp", ""))
+    rank = path.name.rsplit("-r", 1)[-1].removesuffix(".json")
+    flat: dict[str, Any] = {
+        "rank": int(rank) if rank.isdigit() else None,
+        "pid": 0,
+        "kind": "raised",
+        "type": name if message else "Error",
+        "message": (message if message else text)[:2000],
+        "traceback": str(extra.get("py_callstack", ""))[-6000:],
+        "time_ns": int(stamp) * 1_000_000_000 if stamp.isdigit() else 0,
+    }
+    flat.update({k: v for k, v in ours.items() if k not in ("message", "traceback")})
+    return flat
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _valid(data: dict[str, Any]) -> bool:

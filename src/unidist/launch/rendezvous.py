@@ -125,10 +125,15 @@ def parse_conf(text: str | None, backend: str) -> dict[str, str]:
     """``--rdzv-conf`` ``KEY=VALUE,...`` -> a dict, with unknown keys refused for c10d and static.
 
     torch ignores a key it does not read, so a typo (``last_cal_timeout``) would silently keep
-    the default; for the built-in backends an unknown key is an error with a suggestion.
+    the default; for the built-in backends an unknown key is an error with a suggestion. Quotes
+    around the whole value that reached the program literally (``"'a=1,b=2'"``, quoted twice)
+    are dropped: torch would read a key ``'a`` and ignore it, unidist would refuse it.
     """
     configs: dict[str, str] = {}
-    for item in (text or "").split(","):
+    body = (text or "").strip()
+    if len(body) > 1 and body[0] == body[-1] and body[0] in "'\"":
+        body = body[1:-1]
+    for item in body.split(","):
         if not item.strip():
             continue
         key, sep, value = (part.strip() for part in item.partition("="))
@@ -274,6 +279,16 @@ def _single_node(
     port = _port(master_port, "--master-port") if master_port else 0
     if port:
         check_port_free(port, "--master-port")
+        # As torchrun: the agent hosts its store at MASTER_ADDR:MASTER_PORT and lends it to the
+        # ranks (TORCHELASTIC_USE_AGENT_STORE=True), so init_method="tcp://ADDR:PORT" and
+        # env:// reach that store instead of trying to listen on the same port.
+        return Rendezvous(
+            backend="static",
+            endpoint=f"{master_addr or '127.0.0.1'}:{port}",
+            run_id=args.rdzv_id or uuid.uuid4().hex[:12],
+            configs=parse_conf(args.rdzv_conf, "static"),
+            local_addr=args.local_addr,
+        )
     return Rendezvous(
         endpoint=f"{master_addr or 'localhost'}:{port}",
         # A fresh id per run, so that two jobs on one host never share a rendezvous.

@@ -84,11 +84,12 @@ class Run:
         with self._lock:
             return self.starts[-1] if self.starts else None
 
-    def begin(self, envs: dict[int, dict[str, str]]) -> Start:
+    def begin(self, envs: dict[int, dict[str, str]], given: Any = None) -> Start:
         """A new start of this node's ranks (torch's agent is about to start them).
 
         Creates each rank's log files (0600), tells each rank where its records go and which
-        start it is, and points the console at the new files.
+        start it is, and points the console at the new files. ``given``: the ``LogsDest`` of a
+        ``--logs-specs`` class, whose files (torch's agent opens them) replace unidist's.
         """
         plan = self.plan
         with self._lock:
@@ -100,6 +101,13 @@ class Run:
         slots: dict[int, Slot] = {}
         for local, env in sorted(envs.items()):
             rank, node = int(env["RANK"]), int(env.get("GROUP_RANK", "0"))
+            env[records.EVENTS], env[records.START] = str(self.events), str(index)
+            env[records.ERROR_FILE] = str(records.error_file(self.events, index, rank))
+            if given is not None:  # "": the launcher's own stream, not a file
+                out = Path(given.stdouts.get(local) or os.devnull)
+                err = Path(given.stderrs.get(local) or os.devnull)
+                slots[local] = Slot(rank, local, node, int(env["WORLD_SIZE"]), out, err)
+                continue
             out, err = plan.log_paths(
                 self.folder,
                 rank=rank,
@@ -114,7 +122,6 @@ class Run:
                 self.hand_over and (rundir.swappable(out.parent) or rundir.swappable(err.parent))
             ):
                 self._close(self._held.pop(local))
-            env[records.EVENTS], env[records.START] = str(self.events), str(index)
             slots[local] = Slot(rank, local, node, int(env["WORLD_SIZE"]), out, err)
         start = Start(index, slots)
         if self.console is not None:
@@ -122,6 +129,8 @@ class Run:
             for slot in slots.values():
                 prefix = plan.console.prefix_for(slot.rank, slot.local_rank, plan.role, self.host)
                 for stream, path in (("stdout", slot.stdout), ("stderr", slot.stderr)):
+                    if path == Path(os.devnull):
+                        continue  # --logs-specs sent it to this console directly
                     if plan.console.shows(slot.rank, slot.local_rank, stream):
                         self.console.follow(path, stream, prefix)
         env = next(iter(envs.values()), {})
@@ -167,8 +176,11 @@ class Run:
 def _logs_specs(run: Run) -> Any:
     from torch.distributed.elastic.multiprocessing import LogsDest, LogsSpecs
 
+    custom = run.plan.logs_specs.load() if run.plan.logs_specs is not None else None
+
     class RunLogsSpecs(LogsSpecs):
-        """Each start's files, named by the plan's templates inside the run's folder."""
+        """Each start's files, named by the plan's templates inside the run's folder (or by the
+        ``--logs-specs`` class); the ranks' error files in the run's record folder."""
 
         def __init__(self) -> None:
             super().__init__(log_dir=str(run.folder))
@@ -178,12 +190,15 @@ def _logs_specs(run: Run) -> Any:
             return str(run.folder)
 
         def reify(self, envs: dict[int, dict[str, str]]) -> Any:
-            start = run.begin(envs)
-            dest = LogsDest()
+            given = custom.reify(envs) if custom is not None else None
+            start = run.begin(envs, given)
+            dest = given if given is not None else LogsDest()
             for local, slot in start.slots.items():
-                dest.stdouts[local], dest.stderrs[local] = run.log_dest(slot)
-                error_file = run.events / f"s{start.index}-r{slot.rank}.torch-error.json"
-                dest.error_files[local] = str(error_file)
+                if given is None:
+                    dest.stdouts[local], dest.stderrs[local] = run.log_dest(slot)
+                dest.error_files[local] = str(
+                    records.error_file(run.events, start.index, slot.rank)
+                )
             return dest
 
     return RunLogsSpecs()
@@ -548,8 +563,11 @@ def _exports(plan: LaunchPlan) -> dict[str, str]:
     # with no per-attempt prefix ("we create a new TCPStore for every retry", says
     # torch.distributed.rendezvous, but the handler caches it): after a restart gloo reads the
     # previous attempt's addresses and fails with "connectFullMesh failed" (torch 2.7 to 2.14,
-    # torchrun too). torch's opt-out gives every rendezvous round a fresh store on rank 0.
-    values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # torchrun too). torch's opt-out gives every rendezvous round a fresh store on rank 0; it is
+    # needed only where a second round can happen, elsewhere the ranks get the agent's store at
+    # MASTER_ADDR:MASTER_PORT with TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun.
+    if plan.restarts_possible:
+        values["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     if plan.nproc > 1 and not _env.is_set("OMP_NUM_THREADS"):
         values["OMP_NUM_THREADS"] = "1"  # as torchrun does
     if plan.timeout is not None:

@@ -183,6 +183,7 @@ def _rank_main(
     import multiprocessing
 
     import unidist
+    from unidist.launch import records
     from unidist.launch._rank import (
         default_start_method,
         prepare_rank,
@@ -201,6 +202,10 @@ def _rank_main(
         value = fn(*call)
     except BaseException as exc:
         record_error(exc)
+        # torch wraps a function entrypoint in its own @record (elastic/multiprocessing/api.py
+        # ``_wrap``, torch 2.7 to 2.14), which would write the same exception to the same error
+        # file again, without unidist's classification: keep the file as it is.
+        os.environ[records.ERROR_FILE] = os.devnull
         traceback.print_exc()  # into this rank's log, as a script rank's traceback goes
         raise
     finally:
