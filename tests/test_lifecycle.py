@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 import unidist
 from tests._waiting import stay_away, tell
+from unidist._comm import listen
 from unidist.errors import (
     ConfigurationError,
     DistributedTimeoutError,
@@ -241,3 +243,25 @@ def test_a_failed_start_up_publishes_nothing_and_tears_down(
         unidist.initialize("gloo", adapter="torch", timeout=30)
     assert _state.published() is None
     assert not dist.is_initialized()
+
+
+def connect_late() -> str:
+    if os.environ["RANK"] == "1":  # the last to connect to rank 0's control store, by 3 s
+        real = listen.connect
+
+        def late(*args: object, **kwargs: object) -> object:
+            time.sleep(3)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        listen.connect = late  # type: ignore[assignment]
+    unidist.initialize()
+    if os.environ["RANK"] == "0":
+        os._exit(0)  # leaves at once, taking the control store with it (no finalize)
+    return "connected"
+
+
+def test_rank_zero_leaves_initialize_only_once_every_rank_is_connected() -> None:
+    with pytest.raises(DistributedTestError) as caught:
+        run_distributed(connect_late, init=False, env={"UNIDIST_TIMEOUT": "20"}, timeout=120)
+    # rank 0 left by os._exit (no result), but only after rank 1 was connected: rank 1 finished
+    assert caught.value.results == {1: "connected"}, str(caught.value)

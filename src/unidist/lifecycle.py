@@ -29,7 +29,9 @@ from unidist.adapters import registry
 from unidist.errors import (
     ConfigurationError,
     NotInitializedError,
+    RemoteError,
     TopologyError,
+    UnidistError,
     translate_errors,
 )
 
@@ -257,8 +259,32 @@ def _start_control_plane(session: Session, reading: EnvReading, one_host: bool) 
         return transport.broadcast_bytes(session, message, 0, world, session.control, what)
 
     hosts = listen.LOOPBACK if one_host else (reading.master_addr or socket.gethostname(),)
-    with translate_errors("starting unidist's control store"):
-        return ControlPlane.start(reading.rank, session.timeout, hosts, from_rank_zero)
+    failed: UnidistError | None = None
+    try:
+        with translate_errors("starting unidist's control store"):
+            plane = ControlPlane.start(reading.rank, session.timeout, hosts, from_rank_zero)
+    except UnidistError as exc:
+        if reading.rank == 0:
+            raise  # the others learned it from the start message and fail too
+        failed = exc
+    # Nobody leaves until every rank is connected: rank 0 hosts the store, and had it returned
+    # (and exited) first, a rank still connecting would wait out the whole session timeout.
+    mine = None if failed is None else f"{type(failed).__name__}: {failed}"
+    try:
+        everyone = transport.gather_object(session, mine, reading.world_size, session.control)
+    except UnidistError:
+        if failed is not None:
+            raise failed from None  # this rank's own reason is the better one
+        raise
+    if failed is not None:
+        raise failed
+    refused = {rank: reason for rank, reason in enumerate(everyone) if reason is not None}
+    if refused:
+        raise RemoteError(
+            f"rank(s) {sorted(refused)} could not connect to unidist's control store "
+            f"(rank {min(refused)}: {refused[min(refused)]}). HINT: see those ranks' logs."
+        )
+    return plane
 
 
 def _survey(session: Session, reading: EnvReading) -> tuple[Topology, bool]:
