@@ -294,7 +294,7 @@ def analyse(
     found = records.read(events, start.index) if start is not None else {}
     slots = start.slots.values() if start is not None else []
     outcomes = [_outcome(slot, found, exit_codes.get(slot.local_rank), seen) for slot in slots]
-    _settle(outcomes, seen, plan)
+    _decide_unrecorded(outcomes, seen, plan)
     if interrupted:
         return Report(outcomes, None, 128 + signal.Signals[interrupted].value, interrupted)
     failures = [o for o in outcomes if o.status != "ok"]
@@ -312,7 +312,7 @@ def analyse(
     return Report(outcomes, culprit, code or 1)
 
 
-def _settle(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> None:
+def _decide_unrecorded(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> None:
     """Decide the ranks the records alone could not: hung, vanished, stopped by torch's agent."""
     for o in outcomes:
         if o.rank in seen.hung and o.status in ("ok", "crashed", "stopped", "vanished"):

@@ -301,7 +301,7 @@ class _Watchdog(threading.Thread):
 
     def _check(self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any]) -> None:
         before = time.time_ns()
-        running, status = _state(*proc)
+        running, status = _exit_status(*proc)
         if running:
             self.seen.alive[rank] = before  # so it ended after this
             return
@@ -410,7 +410,7 @@ def _frozen(pid: int) -> bool:
     return False
 
 
-def _state(pid: int, pid_start: int | None) -> tuple[bool, int | None]:
+def _exit_status(pid: int, pid_start: int | None) -> tuple[bool, int | None]:
     """(still running, exit status if known: -N for signal N).
 
     Ranks are this process's children: ``waitid(WNOWAIT)`` reads an exited rank's status
