@@ -19,7 +19,11 @@ from unidist._workarounds import (
     GLOO_AVG_SUMS,
     GLOO_NO_AVG_ALL_REDUCE,
     GLOO_TEARDOWN_DEADLOCK,
+    LIBUV_STORE_LISTEN_FD,
+    STATIC_STORE_REUSED,
+    STORE_LISTENS_EVERYWHERE,
     TORCH_BUGS,
+    replace_c10d_store,
     torch_version,
 )
 from unidist.testing import run_distributed
@@ -45,7 +49,35 @@ def test_every_bug_names_its_upstream_reference() -> None:
     for bug in TORCH_BUGS:
         assert "pytorch" in bug.upstream
         assert bug.summary
-        assert bug.fixed_in >= (2, 5)
+        assert bug.fixed_in is None or bug.fixed_in >= (2, 5)
+
+
+def test_a_bug_no_release_has_fixed_is_present_on_every_torch() -> None:
+    for bug in (STATIC_STORE_REUSED, STORE_LISTENS_EVERYWHERE):
+        assert [bug.present("2.7.0"), bug.present("2.14.1"), bug.present()] == [True] * 3
+        assert bug.affected == "every torch release so far"
+    assert LIBUV_STORE_LISTEN_FD.affected == "torch < 2.8"
+
+
+def test_replace_c10d_store_is_the_one_patch_of_torchs_private(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib
+
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    original = rendezvous._create_c10d_store
+    monkeypatch.setattr(rendezvous, "_create_c10d_store", original)  # restored after the test
+    seen: list[object] = []
+
+    def wrap(create: object) -> object:
+        seen.append(create)
+        return lambda *args, **kwargs: ("wrapped", args)
+
+    assert replace_c10d_store(wrap) is True
+    assert seen == [original]
+    assert rendezvous._create_c10d_store("h", 1) == ("wrapped", ("h", 1))
+    monkeypatch.delattr(rendezvous, "_create_c10d_store")  # a torch without it: no patch
+    assert replace_c10d_store(wrap) is False
 
 
 def _collectives_then_free() -> None:

@@ -19,7 +19,15 @@ all-reduce (PR #149781)                         refused up front instead of fail
 libuv store refuses a     < 2.8                 ``_comm.listen`` (the control store runs on
 listening socket                                torch's older server, which takes the socket
 (PR #150215)                                    bound to loopback or MASTER_ADDR)
+static store reused       every release so far  ``launch._rank`` (each restart's keys get their
+across restarts           (2.7 to 2.14)         own prefix, through :func:`replace_c10d_store`)
+group store listens on    every release so far  ``launch._rank`` (on one node rank 0's store
+every interface           (2.7 to 2.14)         listens on MASTER_ADDR only, through
+                                                :func:`replace_c10d_store`)
 ========================  ====================  ===========================================
+
+:func:`replace_c10d_store` is the only patch of a torch private in unidist; the two bugs above
+that use it are gated like the others, with ``fixed_in=None`` until a release fixes them.
 
 The releases were measured on this project's machines (``tests/test_workarounds.py`` in the
 pinned and latest environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0 and
@@ -31,16 +39,22 @@ listening socket on 2.7.0 and took it on 2.14.1.
 
 from __future__ import annotations
 
+import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "GLOO_AVG_SUMS",
     "GLOO_NO_AVG_ALL_REDUCE",
     "GLOO_TEARDOWN_DEADLOCK",
     "LIBUV_STORE_LISTEN_FD",
+    "STATIC_STORE_REUSED",
+    "STORE_LISTENS_EVERYWHERE",
     "TORCH_BUGS",
     "TorchBug",
+    "replace_c10d_store",
     "torch_version",
 ]
 
@@ -65,21 +79,24 @@ class TorchBug:
         name: short name, used in docs and ``unidist probe``.
         upstream: the upstream issue or pull request.
         summary: what goes wrong, in one sentence.
-        fixed_in: the first torch release (major, minor) without the bug.
+        fixed_in: the first torch release (major, minor) without the bug; None while no
+            release has fixed it.
     """
 
     name: str
     upstream: str
     summary: str
-    fixed_in: tuple[int, int]
+    fixed_in: tuple[int, int] | None
 
     def present(self, version: str | None = None) -> bool:
         """Whether torch ``version`` (default: the installed one) has the bug."""
-        return torch_version(version) < self.fixed_in
+        return self.fixed_in is None or torch_version(version) < self.fixed_in
 
     @property
     def affected(self) -> str:
         """The affected releases, in words (``"torch < 2.8"``)."""
+        if self.fixed_in is None:
+            return "every torch release so far"
         return f"torch < {self.fixed_in[0]}.{self.fixed_in[1]}"
 
 
@@ -109,4 +126,42 @@ LIBUV_STORE_LISTEN_FD = TorchBug(
     "TCPStore's libuv server rejects master_listen_fd, so it can only listen on every interface",
     (2, 8),
 )
-TORCH_BUGS = (GLOO_TEARDOWN_DEADLOCK, GLOO_AVG_SUMS, GLOO_NO_AVG_ALL_REDUCE, LIBUV_STORE_LISTEN_FD)
+STATIC_STORE_REUSED = TorchBug(
+    "static store reused across restarts",
+    "pytorch torch/distributed/rendezvous.py (the env:// handler adds no per-attempt prefix)",
+    "after a restart the ranks get the agent's store again with the previous attempt's keys, "
+    "and gloo may read the old addresses (connectFullMesh failed)",
+    None,
+)
+STORE_LISTENS_EVERYWHERE = TorchBug(
+    "group store listens on every interface",
+    "pytorch torch/distributed/rendezvous.py (_create_c10d_store binds TCPStore to ::)",
+    "rank 0's store for the process group listens on every interface, open to other hosts, "
+    "even when every rank runs on one node",
+    None,
+)
+TORCH_BUGS = (
+    GLOO_TEARDOWN_DEADLOCK,
+    GLOO_AVG_SUMS,
+    GLOO_NO_AVG_ALL_REDUCE,
+    LIBUV_STORE_LISTEN_FD,
+    STATIC_STORE_REUSED,
+    STORE_LISTENS_EVERYWHERE,
+)
+
+
+def replace_c10d_store(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Put ``wrap(original)`` in place of torch's private ``rendezvous._create_c10d_store``.
+
+    The store the ``env://`` and ``tcp://`` rendezvous create for the process group; the only
+    torch private unidist patches (for :data:`STATIC_STORE_REUSED` and
+    :data:`STORE_LISTENS_EVERYWHERE`). Returns False, patching nothing, on a torch without it.
+    """
+    # importlib: ``import torch.distributed.rendezvous as m`` binds the *function* that
+    # torch.distributed re-exports under the module's name, not the module.
+    rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if create is None:
+        return False
+    rendezvous._create_c10d_store = wrap(create)
+    return True

@@ -248,15 +248,15 @@ def auto_dataloader(
         chosen = _choose_sampler(
             dataset,
             sampler,
-            True if shuffle is None and sampler is None else shuffle,
-            drop_last,
-            seed,
-            mode,
-            order,
-            auto_epoch,
-            native,
-            rank,
-            world,
+            shuffle=True if shuffle is None and sampler is None else shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            mode=mode,
+            order=order,
+            auto_epoch=auto_epoch,
+            native=native,
+            rank=rank,
+            world=world,
         )
         loader = StatefulDataLoader(
             dataset, batch_size=per_rank, sampler=chosen, drop_last=drop_last, **loader_kw
@@ -470,6 +470,7 @@ def _check_stream(
 def _choose_sampler(
     dataset: Any,
     sampler: Iterable[Any] | None,
+    *,
     shuffle: bool | None,
     drop_last: bool,
     seed: int,

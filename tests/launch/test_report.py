@@ -16,15 +16,37 @@ import pytest
 from unidist.launch.plan import LaunchPlan
 from unidist.launch.records import Slot, Start
 from unidist.launch.report import (
-    Observed,
     analyse,
     check_logs,
     exit_code_of,
     stack_excerpt,
     storage_problem,
 )
+from unidist.launch.watch import Observed, advance
 
 PLAN = LaunchPlan(target="job.py", nproc=2)
+
+
+def observed(
+    *,
+    gone: dict[int, int] | None = None,
+    status: dict[int, int | None] | None = None,
+    failed: set[int] | frozenset[int] = frozenset(),
+    stopped: dict[int, int] | None = None,
+    alive: dict[int, int] | None = None,
+) -> Observed:
+    """What the watchdog would hold after seeing these facts, replayed as its events in time."""
+    status = status or {}
+    events: list[tuple[int, int, str]] = [
+        *((t, rank, "running") for rank, t in (alive or {}).items()),
+        *((t, rank, "stop") for rank, t in (stopped or {}).items()),
+        *((t, rank, "exited") for rank, t in (gone or {}).items()),
+    ]
+    seen = Observed()
+    for at, rank, event in sorted(events):
+        code = status.get(rank)
+        advance(seen.watch(rank), event, at, status=code, failed=rank in failed, finished=code == 0)
+    return seen
 
 
 def start_with(tmp_path: Path, records: dict[str, dict[str, object]], index: int = 0) -> Start:
@@ -58,7 +80,7 @@ def test_the_earliest_own_failure_is_the_culprit(tmp_path: Path) -> None:
             "error:0": error("collateral", 9, "peer went away"),
         },
     )
-    seen = Observed(gone={0: 10, 1: 6}, status={0: 1, 1: 3}, failed={0, 1})
+    seen = observed(gone={0: 10, 1: 6}, status={0: 1, 1: 3}, failed={0, 1})
     report = analyse(start, tmp_path / ".events", {0: 1, 1: 3}, seen, PLAN)
     assert report.culprit is not None
     assert (report.culprit.rank, report.exit_code) == (1, 3)
@@ -69,7 +91,7 @@ def test_a_rank_stopped_by_the_agent_while_others_waited_for_it(tmp_path: Path) 
     # rank 1 timed out waiting; torch's agent stopped rank 0 before the watchdog could read its
     # exit status (reaped: unknown)
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}, "error:1": error("timeout", 5)})
-    seen = Observed(gone={0: 8, 1: 6}, status={0: None, 1: 1}, failed={1})
+    seen = observed(gone={0: 8, 1: 6}, status={0: None, 1: 1}, failed={1})
     report = analyse(start, tmp_path / ".events", {1: 1}, seen, PLAN)
     assert report.culprit is not None
     assert report.culprit.rank == 0
@@ -79,7 +101,7 @@ def test_a_rank_stopped_by_the_agent_while_others_waited_for_it(tmp_path: Path) 
 
 def test_a_signal_is_reported_as_the_shell_does(tmp_path: Path) -> None:
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(stopped={0: 7}, gone={1: 5, 0: 8}, status={1: -9, 0: -15}, failed={0, 1})
+    seen = observed(stopped={0: 7}, gone={1: 5, 0: 8}, status={1: -9, 0: -15}, failed={0, 1})
     report = analyse(start, tmp_path / ".events", {1: -9}, seen, PLAN)
     assert report.culprit is not None
     assert report.culprit.detail == "killed by SIGKILL (not by the launcher)"
@@ -90,7 +112,7 @@ def test_a_signal_is_reported_as_the_shell_does(tmp_path: Path) -> None:
 def test_a_rank_sigtermed_by_torchs_agent_after_a_crash_is_not_a_culprit(tmp_path: Path) -> None:
     # torch's agent reaped the crashed rank 1 first (status unknown here) and SIGTERMed rank 0.
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(gone={1: 5, 0: 8}, status={1: None, 0: -15}, failed={0})
+    seen = observed(gone={1: 5, 0: 8}, status={1: None, 0: -15}, failed={0})
     report = analyse(start, tmp_path / ".events", {1: -11}, seen, PLAN)
     assert report.culprit is not None
     assert report.culprit.rank == 1
@@ -103,7 +125,7 @@ def test_ranks_found_gone_in_one_sweep_could_have_died_in_either_order(tmp_path:
     # both gone, checking rank 0 first (seen gone at 8, before rank 1 at 9). Both were last seen
     # running at 4, so rank 1's crash may have come first: rank 0 is collateral.
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(gone={0: 8, 1: 9}, alive={0: 4, 1: 4}, status={0: -15, 1: -9}, failed={0, 1})
+    seen = observed(gone={0: 8, 1: 9}, alive={0: 4, 1: 4}, status={0: -15, 1: -9}, failed={0, 1})
     report = analyse(start, tmp_path / ".events", {1: -9}, seen, PLAN)
     assert report.culprit is not None
     assert (report.culprit.rank, report.exit_code) == (1, 137)
@@ -115,7 +137,7 @@ def test_a_sigterm_seen_before_the_other_rank_was_last_seen_running_is_the_culpr
 ) -> None:
     # rank 0 was SIGTERMed (by someone else) while rank 1 was still seen running after it
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(gone={0: 5, 1: 9}, alive={0: 4, 1: 6}, status={0: -15, 1: -9}, failed={0, 1})
+    seen = observed(gone={0: 5, 1: 9}, alive={0: 4, 1: 6}, status={0: -15, 1: -9}, failed={0, 1})
     report = analyse(start, tmp_path / ".events", {0: -15}, seen, PLAN)
     assert report.culprit is not None
     assert (report.culprit.rank, report.exit_code) == (0, 143)
@@ -124,7 +146,7 @@ def test_a_sigterm_seen_before_the_other_rank_was_last_seen_running_is_the_culpr
 def test_success_and_interruption(tmp_path: Path) -> None:
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}, "done:1": {}})
     events = tmp_path / ".events"
-    seen = Observed(gone={0: 1, 1: 2}, status={0: 0, 1: 0})
+    seen = observed(gone={0: 1, 1: 2}, status={0: 0, 1: 0})
     assert analyse(start, events, {}, seen, PLAN).exit_code == 0
     interrupted = analyse(start, events, {}, seen, PLAN, interrupted="SIGINT")
     assert interrupted.exit_code == 130
@@ -135,13 +157,13 @@ def test_only_the_last_start_counts(tmp_path: Path) -> None:
     # The first start failed (rank 1 raised); the restart succeeded: a success.
     start_with(tmp_path, {"start:0": {}, "start:1": {}, "error:1": error("raised", 5)}, 0)
     last = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}, "done:1": {}}, index=1)
-    seen = Observed(gone={0: 9, 1: 9}, status={0: 0, 1: 0})
+    seen = observed(gone={0: 9, 1: 9}, status={0: 0, 1: 0})
     assert analyse(last, tmp_path / ".events", {}, seen, PLAN).exit_code == 0
 
 
 def test_exit_0_without_a_record_is_a_success(tmp_path: Path) -> None:
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}})
-    seen = Observed(gone={0: 9, 1: 5}, status={0: 0, 1: 0})  # rank 1: os._exit(0)
+    seen = observed(gone={0: 9, 1: 5}, status={0: 0, 1: 0})  # rank 1: os._exit(0)
     assert analyse(start, tmp_path / ".events", {}, seen, PLAN).exit_code == 0
 
 
@@ -207,7 +229,7 @@ def test_a_rank_whose_log_disk_is_full_is_reported_so(
     # A full log disk ended with "exited with code 1 without a Python exception": the rank
     # could not even write its traceback or its record.
     start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
-    seen = Observed(stopped={0: 7}, gone={1: 5, 0: 8}, status={1: 1, 0: -15}, failed={1})
+    seen = observed(stopped={0: 7}, gone={1: 5, 0: 8}, status={1: 1, 0: -15}, failed={1})
     report = analyse(start, tmp_path / ".events", {1: 1}, seen, PLAN)
     monkeypatch.setattr(os, "write", _failing(errno.ENOSPC, "write"))
     check_logs(report)
@@ -225,10 +247,12 @@ def test_a_rank_whose_log_disk_is_full_is_reported_so(
 
 def test_a_success_after_restarts_says_so(tmp_path: Path) -> None:
     first = start_with(tmp_path, {"start:0": {}, "start:1": {}, "error:1": error("raised", 5)}, 0)
-    seen = Observed(gone={1: 5}, status={1: 1}, failed={1})
+    seen = observed(gone={1: 5}, status={1: 1}, failed={1})
     earlier = analyse(first, tmp_path / ".events", {}, seen, PLAN)
     last = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}, "done:1": {}}, 1)
-    report = analyse(last, tmp_path / ".events", {}, Observed(status={0: 0, 1: 0}), PLAN)
+    report = analyse(
+        last, tmp_path / ".events", {}, observed(gone={0: 1, 1: 1}, status={0: 0, 1: 0}), PLAN
+    )
     assert report.format() == ""  # a success at once prints nothing
     report.earlier = [earlier]
     assert report.exit_code == 0

@@ -9,28 +9,33 @@
 Precedence: the torch variables (``RANK``/``WORLD_SIZE``/...) win over SLURM and MPI, because a
 torch launcher started inside an allocation (``srun torchrun ...``) sets them for its workers.
 
-:mod:`unidist._env.topology` holds the values (:class:`Topology`, :class:`EnvReading`) and the
+:mod:`unidist._env.reading` parses (:func:`read`, :func:`read_settings`,
+:func:`timeout_seconds`); :mod:`unidist._env.process` writes (:func:`patched`, :func:`restore`,
+...); :mod:`unidist._env.topology` holds the values (:class:`Topology`, :class:`EnvReading`) and the
 checks every launcher's values pass; :mod:`unidist._env.schedulers` parses SLURM's and MPI's
-variables. Only this module touches ``os.environ`` (ruff's banned-API rule enforces it).
+variables. Only this package touches ``os.environ`` (ruff's banned-API rule enforces it).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from datetime import timedelta
-
-from unidist._env.schedulers import (
-    MPI_FLAVOURS,
-    expand_hostlist,
-    from_mpi,
-    from_slurm,
-    is_srun_step,
+from unidist._env.process import (
+    environ_copy,
+    is_set,
+    patched,
+    replace_all,
+    restore,
+    set_variables,
+    snapshot,
 )
-from unidist._env.topology import EnvReading, Topology, finish, int_var, port_var
-from unidist.errors import ConfigurationError, TopologyError
+from unidist._env.reading import (
+    LAUNCHER_MARKER,
+    Settings,
+    read,
+    read_settings,
+    timeout_seconds,
+)
+from unidist._env.schedulers import expand_hostlist
+from unidist._env.topology import EnvReading, Topology
 
 __all__ = [
     "EnvReading",
@@ -49,234 +54,3 @@ __all__ = [
     "snapshot",
     "timeout_seconds",
 ]
-
-#: Set by ``unidist launch`` and the test harness in every process they start.
-LAUNCHER_MARKER = "UNIDIST_LAUNCHER"
-
-_TORCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-_NODE_VARS = ("NODE_RANK", "GROUP_RANK")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """unidist's own variables: ``UNIDIST_ADAPTER``, ``UNIDIST_TIMEOUT``, ``UNIDIST_LAUNCHER``."""
-
-    adapter: str | None = None
-    timeout: float | None = None
-    launcher: str | None = None
-    #: ``UNIDIST_TESTING_PRELOAD``: modules the test harness's fork server imports.
-    testing_preload: tuple[str, ...] | None = None
-
-
-# -- reading -----------------------------------------------------------------------------------
-
-
-def read(environ: Mapping[str, str] | None = None) -> EnvReading:
-    """Parse the launcher variables of ``environ`` (default: this process's environment).
-
-    Raises:
-        TopologyError: a value is not an integer, is out of range, or contradicts another.
-    """
-    env = os.environ if environ is None else environ
-    if any(name in env for name in _TORCH_VARS):
-        return _from_torch_variables(env)
-    if is_srun_step(env):
-        return from_slurm(env)
-    for flavour in MPI_FLAVOURS:
-        if flavour.rank in env or flavour.size in env:
-            return from_mpi(env, flavour)
-    stray = [name for name in _NODE_VARS if name in env]
-    if stray:
-        values = ", ".join(f"{name}={env[name]!r}" for name in stray)
-        raise TopologyError(
-            f"{values} is set but WORLD_SIZE and RANK are not, so this process looks like a single "
-            "process that was told it is on another node. HINT: unset "
-            f"{' and '.join(stray)}, or start the job with a launcher that sets all of them."
-        )
-    notes = ["no launcher variables found: one process"]
-    if "SLURM_JOB_ID" in env:
-        notes.append(
-            f"SLURM_JOB_ID={env['SLURM_JOB_ID']} is set but this is not an srun step, so it "
-            "runs as one process; start one process per task with srun to use the allocation"
-        )
-    return EnvReading(notes=tuple(notes))
-
-
-def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Parse unidist's own variables.
-
-    Raises:
-        ConfigurationError: ``UNIDIST_TIMEOUT`` is not a positive number.
-    """
-    env = os.environ if environ is None else environ
-    timeout: float | None = None
-    raw = env.get("UNIDIST_TIMEOUT")
-    if raw is not None:
-        try:
-            timeout = float(raw)
-        except ValueError:
-            timeout = -1.0
-        if not timeout > 0:
-            raise ConfigurationError(
-                f"UNIDIST_TIMEOUT={raw!r} is not a positive number of seconds. "
-                "HINT: set it to e.g. 300, or unset it for the default."
-            )
-    preload = env.get("UNIDIST_TESTING_PRELOAD")
-    return Settings(
-        adapter=env.get("UNIDIST_ADAPTER") or None,
-        timeout=timeout,
-        launcher=env.get(LAUNCHER_MARKER) or None,
-        testing_preload=None
-        if preload is None
-        else tuple(name.strip() for name in preload.split(",") if name.strip()),
-    )
-
-
-def timeout_seconds(timeout: float | timedelta) -> float:
-    """Seconds in a ``timeout=`` argument: a positive number of seconds or a timedelta.
-
-    The one converter for every ``timeout=`` unidist takes (``UNIDIST_TIMEOUT`` is read above).
-
-    Raises:
-        ConfigurationError: zero, a negative value, or not a number.
-    """
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if not isinstance(seconds, int | float) or not seconds > 0:
-        raise ConfigurationError(
-            f"timeout={timeout!r} must be a positive number of seconds or a timedelta."
-        )
-    return float(seconds)
-
-
-def _launcher_of_torch_variables(env: Mapping[str, str]) -> tuple[str, str]:
-    if env.get(LAUNCHER_MARKER):
-        return "unidist", f"{LAUNCHER_MARKER}={env[LAUNCHER_MARKER]} (unidist launch)"
-    if "TORCHELASTIC_RUN_ID" in env:
-        return "torchrun", "TORCHELASTIC_RUN_ID is set (torchrun / torch.distributed.elastic)"
-    if "NODE_RANK" in env and "LOCAL_WORLD_SIZE" in env:
-        return (
-            "composer",
-            "NODE_RANK and LOCAL_WORLD_SIZE are set without TORCHELASTIC_RUN_ID "
-            "(the variables of Composer's launcher, composer -n)",
-        )
-    return "env", "torch variables set without a known launcher (Ignite spawn, mp.spawn or by hand)"
-
-
-def _from_torch_variables(env: Mapping[str, str]) -> EnvReading:
-    launcher, why = _launcher_of_torch_variables(env)
-    rank = int_var(env, "RANK")
-    world = int_var(env, "WORLD_SIZE", minimum=1)
-    local_rank = int_var(env, "LOCAL_RANK")
-    local_world = int_var(env, "LOCAL_WORLD_SIZE", minimum=1)
-    if world is None:
-        given = [f"{n}={env[n]!r}" for n in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE") if n in env]
-        if local_rank is not None or local_world is not None or (rank or 0) > 0:
-            raise TopologyError(
-                f"{', '.join(given)} is set but WORLD_SIZE is not, so the job size is unknown. "
-                "HINT: set WORLD_SIZE too (every torch launcher does), or unset "
-                f"{' and '.join(g.split('=')[0] for g in given)}."
-            )
-        world = 1
-    if rank is None:
-        if world > 1:
-            raise TopologyError(
-                f"WORLD_SIZE={env['WORLD_SIZE']!r} is set but RANK is not, so this process does "
-                "not know which rank it is. HINT: set RANK for each process, or start the job "
-                "with torchrun or unidist launch."
-            )
-        rank = 0
-    node_rank = _node_rank_from_torch_variables(env)
-    sources = {
-        "rank": "RANK",
-        "world_size": "WORLD_SIZE",
-        "local_rank": "LOCAL_RANK",
-        "local_world_size": "LOCAL_WORLD_SIZE",
-        "node_rank": node_rank[1],
-        "num_nodes": "GROUP_WORLD_SIZE",
-    }
-    return finish(
-        launcher=launcher,
-        rank=rank,
-        world=world,
-        local_rank=local_rank,
-        local_world=local_world,
-        node_rank=node_rank[0],
-        num_nodes=int_var(env, "GROUP_WORLD_SIZE", minimum=1),
-        master_addr=env.get("MASTER_ADDR") or None,
-        master_port=port_var(env),
-        notes=[f"launcher {launcher}: {why}"],
-        sources=sources,
-        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() in ("1", "true"),
-    )
-
-
-def _node_rank_from_torch_variables(env: Mapping[str, str]) -> tuple[int | None, str]:
-    node = int_var(env, "NODE_RANK")
-    group = int_var(env, "GROUP_RANK")
-    if node is not None and group is not None and node != group:
-        raise TopologyError(
-            f"NODE_RANK={env['NODE_RANK']!r} and GROUP_RANK={env['GROUP_RANK']!r} disagree; both "
-            "name this node's index. HINT: unset NODE_RANK (torchrun sets GROUP_RANK) or make "
-            "them equal."
-        )
-    if node is not None:
-        return node, "NODE_RANK"
-    return group, "GROUP_RANK"
-
-
-# -- writing -----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def patched(updates: Mapping[str, str], *, only_missing: bool = True) -> Iterator[dict[str, str]]:
-    """Set variables for the duration of the block, then restore exactly those (nothing else).
-
-    Args:
-        updates: the variables to set.
-        only_missing: leave variables that are already set alone.
-
-    Yields:
-        The variables that were actually set.
-    """
-    applied = {k: v for k, v in updates.items() if not (only_missing and k in os.environ)}
-    previous = {k: os.environ.get(k) for k in applied}
-    os.environ.update(applied)
-    try:
-        yield applied
-    finally:
-        restore(previous)
-
-
-def is_set(name: str) -> bool:
-    """Whether the variable ``name`` is set in this process."""
-    return name in os.environ
-
-
-def set_variables(updates: Mapping[str, str]) -> None:
-    """Set variables for a framework that only reads the environment (undo with :func:`restore`)."""
-    os.environ.update(updates)
-
-
-def snapshot(names: tuple[str, ...]) -> dict[str, str | None]:
-    """The current values of ``names`` (``None`` for unset), for :func:`restore`."""
-    return {name: os.environ.get(name) for name in names}
-
-
-def restore(previous: Mapping[str, str | None]) -> None:
-    """Put back the values recorded by :func:`snapshot`."""
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
-def environ_copy() -> dict[str, str]:
-    """A copy of this process's whole environment (for a child process built from it)."""
-    return dict(os.environ)
-
-
-def replace_all(values: Mapping[str, str]) -> None:
-    """Make ``values`` this process's whole environment (a freshly started rank only)."""
-    os.environ.clear()
-    os.environ.update(values)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import importlib
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from unidist.launch import records
@@ -150,23 +150,22 @@ def _prefix_store_by_attempt() -> None:
     this, so they all agree on the prefix. (Dynamic rendezvous: the launcher opts out of the
     shared store instead, see ``runner._exports``.)
     """
+    from unidist._workarounds import STATIC_STORE_REUSED, replace_c10d_store
+
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
         return
+    if not STATIC_STORE_REUSED.present():
+        return
     import torch.distributed as dist
 
-    # importlib: ``import torch.distributed.rendezvous as m`` binds the *function* that
-    # torch.distributed re-exports under the module's name, not the module.
-    rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
+    def with_prefix(create: Callable[..., Any]) -> Callable[..., Any]:
+        def create_with_prefix(*args: Any, **kwargs: Any) -> Any:
+            return dist.PrefixStore(f"/unidist/attempt_{attempt}", create(*args, **kwargs))
 
-    create = getattr(rendezvous, "_create_c10d_store", None)
-    if create is None:  # a torch that changed this: nothing to patch
-        return
+        return create_with_prefix
 
-    def create_with_prefix(*args: Any, **kwargs: Any) -> Any:
-        return dist.PrefixStore(f"/unidist/attempt_{attempt}", create(*args, **kwargs))
-
-    rendezvous._create_c10d_store = create_with_prefix
+    replace_c10d_store(with_prefix)
 
 
 def _bind_group_store_to_master_addr() -> None:
@@ -182,45 +181,48 @@ def _bind_group_store_to_master_addr() -> None:
     (``127.0.1.1``) and to a routable address elsewhere, so only the wildcard is safe there.
     """
     from unidist import _env
+    from unidist._workarounds import STORE_LISTENS_EVERYWHERE
 
     reading = _env.read()
     if reading.rank != 0 or reading.agent_store or reading.local_world_size != reading.world_size:
         return
+    if not STORE_LISTENS_EVERYWHERE.present():
+        return
     import torch.distributed as dist
 
-    # importlib: ``import torch.distributed.rendezvous as m`` binds the *function* that
-    # torch.distributed re-exports under the module's name, not the module.
-    rendezvous: Any = importlib.import_module("torch.distributed.rendezvous")
-
     from unidist._comm import listen
-    from unidist._workarounds import LIBUV_STORE_LISTEN_FD
+    from unidist._workarounds import LIBUV_STORE_LISTEN_FD, replace_c10d_store
     from unidist.errors import ConfigurationError
 
-    create = getattr(rendezvous, "_create_c10d_store", None)
-    if create is None:  # a torch that changed this: nothing to patch
-        return
+    def bound(create: Callable[..., Any]) -> Callable[..., Any]:
+        def create_bound(
+            hostname: str,
+            port: int,
+            rank: int,
+            world_size: int,
+            timeout: Any,
+            use_libuv: bool = True,
+        ) -> Any:
+            if rank != 0:  # a client: torch's way
+                return create(hostname, port, rank, world_size, timeout, use_libuv)
+            try:
+                listener, _ = listen.bind((hostname,), port)
+            except ConfigurationError:  # an address that is not this host's: torch's way
+                return create(hostname, port, rank, world_size, timeout, use_libuv)
+            return dist.TCPStore(
+                hostname,
+                port,
+                world_size,
+                True,
+                timeout=timeout,
+                multi_tenant=True,
+                master_listen_fd=listener.detach(),  # TCPStore owns and closes it
+                use_libuv=use_libuv and not LIBUV_STORE_LISTEN_FD.present(),
+            )
 
-    def create_bound(
-        hostname: str, port: int, rank: int, world_size: int, timeout: Any, use_libuv: bool = True
-    ) -> Any:
-        if rank != 0:  # a client: torch's way
-            return create(hostname, port, rank, world_size, timeout, use_libuv)
-        try:
-            listener, _ = listen.bind((hostname,), port)
-        except ConfigurationError:  # an address that is not this host's: torch's way
-            return create(hostname, port, rank, world_size, timeout, use_libuv)
-        return dist.TCPStore(
-            hostname,
-            port,
-            world_size,
-            True,
-            timeout=timeout,
-            multi_tenant=True,
-            master_listen_fd=listener.detach(),  # TCPStore owns and closes it
-            use_libuv=use_libuv and not LIBUV_STORE_LISTEN_FD.present(),
-        )
+        return create_bound
 
-    rendezvous._create_c10d_store = create_bound
+    replace_c10d_store(bound)
 
 
 def classify(exc: BaseException) -> str:

@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from unidist.launch import records
 from unidist.launch.records import Slot, Start
+from unidist.launch.watch import Observed, RankState
 
 if TYPE_CHECKING:
     from unidist.launch.plan import LaunchPlan
 
 __all__ = [
-    "Observed",
+    "Observed",  # defined in unidist.launch.watch
     "RankOutcome",
     "Report",
     "analyse",
@@ -48,20 +49,6 @@ _WAITED = ("collateral", "timeout")
 #: Frames of the machinery around the user's code, left out of a stopped rank's stack.
 _MACHINERY = ("runpy", "/unidist/launch/", "/multiprocessing/", "/torch/distributed/elastic/")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
-
-
-@dataclass
-class Observed:
-    """What the launcher's watchdog saw of the latest start (global rank -> time in ns)."""
-
-    stopped: dict[int, int] = field(default_factory=dict)  # sent SIGTERM by the launcher
-    gone: dict[int, int] = field(default_factory=dict)  # seen exited
-    alive: dict[int, int] = field(default_factory=dict)  # last seen running (checked after)
-    status: dict[int, int | None] = field(default_factory=dict)  # exit status (-N: signal)
-    failed: set[int] = field(default_factory=set)  # exited with an error record or status
-    hung: dict[int, int] = field(default_factory=dict)  # killed for not finishing in time
-    frozen: dict[int, int] = field(default_factory=dict)  # stopped (state T) when others failed
-    remote: RankOutcome | None = None  # the culprit on another node, as its launcher said
 
 
 @dataclass
@@ -294,7 +281,7 @@ def analyse(
     found = records.read(events, start.index) if start is not None else {}
     slots = start.slots.values() if start is not None else []
     outcomes = [_outcome(slot, found, exit_codes.get(slot.local_rank), seen) for slot in slots]
-    _settle(outcomes, seen, plan)
+    _decide_unrecorded(outcomes, seen, plan)
     if interrupted:
         return Report(outcomes, None, 128 + signal.Signals[interrupted].value, interrupted)
     failures = [o for o in outcomes if o.status != "ok"]
@@ -312,11 +299,12 @@ def analyse(
     return Report(outcomes, culprit, code or 1)
 
 
-def _settle(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> None:
+def _decide_unrecorded(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> None:
     """Decide the ranks the records alone could not: hung, vanished, stopped by torch's agent."""
     for o in outcomes:
-        if o.rank in seen.hung and o.status in ("ok", "crashed", "stopped", "vanished"):
-            o.status, o.exit_code, o.time_ns = "hung", 124, seen.hung[o.rank]
+        watch = seen.get(o.rank)
+        if watch.state is RankState.HUNG and o.status in ("ok", "crashed", "stopped", "vanished"):
+            o.status, o.exit_code, o.time_ns = "hung", 124, watch.hung_at
             o.detail = (
                 f"had not finished {plan.exit_timeout:g} s after another rank did; "
                 "killed (its stack is below; a gloo process-group destructor "
@@ -329,7 +317,7 @@ def _settle(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> No
     # SIGTERM'd rank is then torch's agent stopping the group, not a second culprit.
     first = min(
         (
-            seen.alive.get(o.rank, _when(o)) if o.status == "crashed" else _when(o)
+            _earliest(seen, o) if o.status == "crashed" else _when(o)
             for o in failed
             if o.status != "crashed" or not _terminated(o)
         ),
@@ -346,6 +334,12 @@ def _settle(outcomes: list[RankOutcome], seen: Observed, plan: LaunchPlan) -> No
             o.status, o.detail = "stopped", "stopped by torch's agent after another rank failed"
 
 
+def _earliest(seen: Observed, o: RankOutcome) -> int:
+    """The earliest a crash can have happened: when the sweep that last saw it running began."""
+    alive = seen.get(o.rank).alive_at
+    return alive if alive is not None else _when(o)
+
+
 def _terminated(o: RankOutcome) -> bool:
     return o.exit_code == 128 + signal.SIGTERM
 
@@ -360,10 +354,11 @@ def _culprit(outcomes: list[RankOutcome], seen: Observed) -> RankOutcome | None:
         return own[0]
     waited = sorted((o for o in outcomes if o.status in _WAITED), key=_when)
     still_running = [o for o in outcomes if o.status == "stopped"]
-    still_running.sort(key=lambda o: o.rank not in seen.frozen)  # a frozen rank first
+    still_running.sort(key=lambda o: not seen.get(o.rank).frozen)  # a frozen rank first
     if waited and still_running:
         suspect = still_running[0]
-        how = "frozen (stopped by SIGSTOP or a debugger)" if suspect.rank in seen.frozen else ""
+        frozen = seen.get(suspect.rank).frozen
+        how = "frozen (stopped by SIGSTOP or a debugger)" if frozen else ""
         suspect.detail = (
             f"{how or 'still running'} when rank {waited[0].rank} gave up waiting for it "
             f"({waited[0].detail}); stopped by the launcher, its stack is below"
@@ -390,7 +385,8 @@ def _outcome(
     slot: Slot, found: dict[tuple[str, int], dict[str, Any]], torch_code: int | None, seen: Observed
 ) -> RankOutcome:
     rank = slot.rank
-    status = seen.status.get(rank)
+    watch = seen.get(rank)
+    status = watch.status
     raw = torch_code if torch_code is not None else status
     code = None if raw is None or raw == 0 else exit_code_of(raw)
     error = found.get(("error", rank))
@@ -406,10 +402,9 @@ def _outcome(
         first_line = message.splitlines()[0] if message else ""
         detail = f"{_ERROR_WORDS[error['kind']]} {error.get('type')}: {first_line[:300]}"
         return outcome(str(error["kind"]), detail.strip(), int(error["time_ns"]))
-    gone = seen.gone.get(rank)
-    stopped = seen.stopped.get(rank)
-    if stopped is not None and (gone is None or stopped <= gone):
-        if rank in seen.frozen:
+    gone, stopped = watch.gone_at, watch.stopped_at
+    if stopped is not None:  # the launcher stops only ranks it has not seen gone
+        if watch.frozen:
             frozen = "frozen (process state T: SIGSTOP or a debugger) when another rank failed"
             return outcome("stopped", f"{frozen}; woken and stopped by the launcher", stopped)
         return outcome("stopped", "stopped while still running", stopped)

@@ -37,13 +37,13 @@ from unidist.launch.console import Console
 from unidist.launch.plan import LaunchPlan, probe_templates
 from unidist.launch.records import Slot, Start
 from unidist.launch.report import (
-    Observed,
     RankOutcome,
     Report,
     analyse,
     check_logs,
     outcome_of,
 )
+from unidist.launch.watch import Observed, RankState, advance
 
 __all__ = ["Run", "launch_config", "run", "script_command"]
 
@@ -287,7 +287,7 @@ class _Watchdog(threading.Thread):
                 int(record["pid"]),
                 record.get("pid_start"),
             )
-            if slot.rank not in self.seen.gone:
+            if not self.seen.watch(slot.rank).gone:
                 self._check(slot.rank, procs[slot.rank], found)
         if self.relay is not None:
             self._relay(start, found)
@@ -295,21 +295,20 @@ class _Watchdog(threading.Thread):
             self._stop_survivors(procs, found)
         if self._deadline is not None and time.monotonic() > self._deadline:
             for rank, proc in procs.items():
-                if rank not in self.seen.gone:
+                if not self.seen.watch(rank).gone:
                     _signal(proc, signal.SIGKILL)
         self._watch_exits(procs)
 
     def _check(self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any]) -> None:
         before = time.time_ns()
-        running, status = _state(*proc)
+        running, status = _exit_status(*proc)
+        watch = self.seen.watch(rank)
         if running:
-            self.seen.alive[rank] = before  # so it ended after this
+            advance(watch, "running", before)  # so if it ends, it ends after this
             return
-        self.seen.gone[rank] = time.time_ns()
-        self.seen.status[rank] = status
         finished = ("done", rank) in found or status == 0
-        if ("error", rank) in found or (status is not None and not finished):
-            self.seen.failed.add(rank)
+        failed = ("error", rank) in found or (status is not None and not finished)
+        advance(watch, "exited", time.time_ns(), status=status, failed=failed, finished=finished)
 
     def _relay(self, start: Start, found: dict[Any, Any]) -> None:
         """Publish this node's first failure (a rank's own over a wait); take another node's."""
@@ -355,11 +354,9 @@ class _Watchdog(threading.Thread):
         """
         self._deadline = time.monotonic() + self.run_.plan.grace
         for rank, proc in procs.items():
-            if rank in self.seen.gone or ("error", rank) in found:
+            if self.seen.watch(rank).gone or ("error", rank) in found:
                 continue  # gone, or already failing and on its way out (SIGKILL after grace)
-            self.seen.stopped[rank] = time.time_ns()
-            if _frozen(proc[0]):
-                self.seen.frozen[rank] = self.seen.stopped[rank]
+            advance(self.seen.watch(rank), "stop", time.time_ns(), frozen=_frozen(proc[0]))
             _signal(proc, signal.SIGTERM)
             _signal(proc, signal.SIGCONT)
 
@@ -367,15 +364,16 @@ class _Watchdog(threading.Thread):
         """After a rank finished, give the others ``exit_timeout`` to finish, then kill them."""
         if not self.run_.plan.exit_timeout or self._deadline is not None:
             return
-        finished = [r for r in self.seen.gone if r not in self.seen.failed]
+        finished = [r for r, w in self.seen.ranks.items() if w.gone and not w.failed_exit]
         if finished and self._exit_deadline is None:
             self._exit_deadline = time.monotonic() + self.run_.plan.exit_timeout
         if self._exit_deadline is None or time.monotonic() < self._exit_deadline:
             return
-        hung = [rank for rank in procs if rank not in self.seen.gone]
+        hung = [rank for rank in procs if not self.seen.watch(rank).gone]
         for rank in hung:
-            if rank not in self.seen.hung:
-                self.seen.hung[rank] = time.time_ns()
+            watch = self.seen.watch(rank)
+            if watch.state is not RankState.HUNG:
+                advance(watch, "hang", time.time_ns())
                 _signal(procs[rank], signal.SIGUSR1)  # every thread's stack into its stderr log
         if hung:
             time.sleep(0.5)
@@ -410,7 +408,7 @@ def _frozen(pid: int) -> bool:
     return False
 
 
-def _state(pid: int, pid_start: int | None) -> tuple[bool, int | None]:
+def _exit_status(pid: int, pid_start: int | None) -> tuple[bool, int | None]:
     """(still running, exit status if known: -N for signal N).
 
     Ranks are this process's children: ``waitid(WNOWAIT)`` reads an exited rank's status

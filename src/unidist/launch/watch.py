@@ -1,0 +1,132 @@
+"""What the launcher's watchdog knows of each rank: one state, moved by one transition function.
+
+The watchdog (:class:`unidist.launch.runner._Watchdog`) looks at every rank of the latest start a
+few times per torch agent interval and reports what it sees as events; :func:`advance` is the only
+code that changes a rank's :class:`RankWatch`. The culprit report (:mod:`unidist.launch.report`)
+is built from these states and the ranks' own error files. The states, and how a rank moves::
+
+    RUNNING ── exited ──> FINISHED (status 0 or a done record)
+       │                  FAILED   (an error file, or a non-zero status)
+       │                  EXITED   (status unknown: torch's agent reaped it first; no record)
+       ├── stop ──> STOPPING ── exited ──> STOPPED   (the launcher's SIGTERM, another rank failed)
+       └── hang ──> HUNG ── exited ──> HUNG          (killed: not finished exit_timeout after
+                                                      another rank finished)
+
+Each event also records its facts (times in ns, the exit status, frozen or not), so the report
+can order what happened; a rank seen gone takes no further event.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from unidist.launch.report import RankOutcome
+
+__all__ = ["Observed", "RankState", "RankWatch", "advance"]
+
+
+class RankState(enum.Enum):
+    """Where one rank is, as the watchdog saw it (see the module docstring for the moves)."""
+
+    RUNNING = "running"
+    STOPPING = "stopping"  # sent SIGTERM by the launcher, not yet seen gone
+    HUNG = "hung"  # killed for not finishing in time
+    FINISHED = "finished"
+    FAILED = "failed"
+    EXITED = "exited"  # gone, status unknown, nothing recorded
+    STOPPED = "stopped"  # gone after the launcher's SIGTERM
+
+
+#: The states of a rank that the watchdog has not yet seen gone.
+LIVE = (RankState.RUNNING, RankState.STOPPING, RankState.HUNG)
+
+
+@dataclass
+class RankWatch:
+    """One rank: its state and the facts behind it (times in ns since the epoch)."""
+
+    state: RankState = RankState.RUNNING
+    alive_at: int | None = None  # the last sweep that saw it running started then
+    gone_at: int | None = None  # first seen exited
+    status: int | None = None  # exit status (-N: signal N), if known
+    failed_exit: bool = False  # exited with an error file or a non-zero status
+    stopped_at: int | None = None  # the launcher sent SIGTERM
+    frozen: bool = False  # in state T (SIGSTOP, a debugger) when the launcher stopped it
+    hung_at: int | None = None  # killed for not finishing in time
+
+    @property
+    def gone(self) -> bool:
+        return self.gone_at is not None
+
+
+def advance(
+    watch: RankWatch,
+    event: str,
+    at: int,
+    *,
+    status: int | None = None,
+    failed: bool = False,
+    finished: bool = False,
+    frozen: bool = False,
+) -> None:
+    """Apply one event the watchdog saw to ``watch``.
+
+    Args:
+        watch: the rank's state, changed in place.
+        event: ``"running"`` (seen running at ``at``), ``"exited"`` (seen gone, with ``status``,
+            and whether its records say it ``failed`` or ``finished``), ``"stop"`` (the launcher
+            sent SIGTERM; ``frozen``: the rank was in state T) or ``"hang"`` (killed for not
+            finishing in time).
+        at: when, in ns since the epoch.
+
+    Raises:
+        ValueError: an unknown event.
+    """
+    if event == "running":
+        watch.alive_at = at
+    elif event == "exited":
+        if watch.gone:
+            return  # the first sighting counts
+        watch.gone_at, watch.status, watch.failed_exit = at, status, failed
+        if watch.state is RankState.STOPPING:
+            watch.state = RankState.STOPPED
+        elif watch.state is RankState.RUNNING:
+            watch.state = (
+                RankState.FAILED if failed else RankState.FINISHED if finished else RankState.EXITED
+            )
+    elif event in ("stop", "hang") and watch.gone:
+        return  # too late: the launcher stops or kills only ranks it has not seen gone
+    elif event == "stop":
+        watch.stopped_at, watch.frozen = at, frozen
+        if watch.state is RankState.RUNNING:
+            watch.state = RankState.STOPPING
+    elif event == "hang":
+        watch.hung_at = at
+        if watch.state in (RankState.RUNNING, RankState.STOPPING):
+            watch.state = RankState.HUNG
+    else:
+        raise ValueError(f"unknown watchdog event {event!r}")
+
+
+@dataclass
+class Observed:
+    """What the launcher's watchdog saw of the latest start: one :class:`RankWatch` per rank."""
+
+    ranks: dict[int, RankWatch] = field(default_factory=dict)  # global rank -> its watch
+    remote: RankOutcome | None = None  # the culprit on another node, as its launcher said
+
+    def watch(self, rank: int) -> RankWatch:
+        """``rank``'s watch (a new one, RUNNING, the first time)."""
+        return self.ranks.setdefault(rank, RankWatch())
+
+    def get(self, rank: int) -> RankWatch:
+        """``rank``'s watch, or a blank one (not stored) for a rank never seen."""
+        return self.ranks.get(rank) or RankWatch()
+
+    @property
+    def failed(self) -> set[int]:
+        """Ranks that exited with an error file or a non-zero status."""
+        return {rank for rank, w in self.ranks.items() if w.failed_exit}
