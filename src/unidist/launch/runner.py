@@ -34,6 +34,7 @@ from unidist import _env
 from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch import records, relay, rundir
 from unidist.launch.console import Console
+from unidist.launch.exits import ExitClock
 from unidist.launch.plan import LaunchPlan, probe_templates
 from unidist.launch.records import Slot, Start
 from unidist.launch.report import (
@@ -246,6 +247,7 @@ class _Watchdog(threading.Thread):
         self._exit_deadline: float | None = None
         # Look more often than torch's agent, which reaps exited ranks (their status with them).
         self._interval = min(0.05, run.plan.monitor_interval / 2)
+        self.clock = ExitClock(self._interval)  # when each rank exited, to the millisecond
 
     def run(self) -> None:
         while not self._halt.wait(self._interval):
@@ -253,12 +255,14 @@ class _Watchdog(threading.Thread):
 
     def start(self) -> None:
         super().start()
+        self.clock.start()
         if self.relay is not None:
             self.relay.start()
 
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=5)
+        self.clock.stop()
 
     def close(self) -> None:
         """Stop the relay (after the last :meth:`scan`)."""
@@ -287,8 +291,9 @@ class _Watchdog(threading.Thread):
                 int(record["pid"]),
                 record.get("pid_start"),
             )
+            self.clock.watch((start.index, slot.rank), procs[slot.rank][0])
             if not self.seen.watch(slot.rank).gone:
-                self._check(slot.rank, procs[slot.rank], found)
+                self._check(slot.rank, procs[slot.rank], found, start.index)
         if self.relay is not None:
             self._relay(start, found)
         if (self.seen.failed or self.seen.remote) and self._deadline is None:
@@ -299,16 +304,22 @@ class _Watchdog(threading.Thread):
                     _signal(proc, signal.SIGKILL)
         self._watch_exits(procs)
 
-    def _check(self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any]) -> None:
+    def _check(
+        self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any], start: int
+    ) -> None:
         before = time.time_ns()
         running, status = _exit_status(*proc)
         watch = self.seen.watch(rank)
         if running:
             advance(watch, "running", before)  # so if it ends, it ends after this
             return
+        now = time.time_ns()
+        stamp = self.clock.when((start, rank))  # the exit itself, if the clock saw it
+        last_alive = watch.alive_at or 0
+        at = stamp if stamp is not None and last_alive <= stamp <= now else now
         finished = ("done", rank) in found or status == 0
         failed = ("error", rank) in found or (status is not None and not finished)
-        advance(watch, "exited", time.time_ns(), status=status, failed=failed, finished=finished)
+        advance(watch, "exited", at, status=status, failed=failed, finished=finished)
 
     def _relay(self, start: Start, found: dict[Any, Any]) -> None:
         """Publish this node's first failure (a rank's own over a wait); take another node's."""
