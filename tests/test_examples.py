@@ -44,20 +44,11 @@ UNIDIST_LAUNCH = ("-m", "unidist", "launch", "-n", "2")
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
-def _launch(
-    name: str, record: Path, launcher: tuple[str, ...] = UNIDIST_LAUNCH, script: Path | None = None
-) -> list[dict[str, Any]]:
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` from the repository root with this checkout's unidist; it must succeed."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
-    extra = [arg.format(record=record) for arg in EXTRA_ARGS.get(name, [])]
     done = subprocess.run(
-        [
-            sys.executable,
-            *launcher,
-            str(script or f"examples/{name}.py"),
-            *extra,
-            "--record",
-            str(record),
-        ],
+        [sys.executable, *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -66,6 +57,14 @@ def _launch(
         check=False,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done
+
+
+def _launch(
+    name: str, record: Path, launcher: tuple[str, ...] = UNIDIST_LAUNCH, script: Path | None = None
+) -> list[dict[str, Any]]:
+    extra = [arg.format(record=record) for arg in EXTRA_ARGS.get(name, [])]
+    _run(*launcher, str(script or f"examples/{name}.py"), *extra, "--record", str(record))
     return [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
@@ -141,17 +140,7 @@ def test_the_ddp_tutorial_gives_plain_torchs_results_bit_for_bit(tmp_path: Path)
 def _one_process(tmp_path: Path, label: str, *args: str) -> dict[str, Any]:
     record = tmp_path / label
     record.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(
-        [sys.executable, "examples/ddp_tutorial.py", *args, "--record", str(record)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    done = _run("examples/ddp_tutorial.py", *args, "--record", str(record))
     result: dict[str, Any] = json.loads((record / "rank0.json").read_text())
     result["stdout"] = done.stdout
     return result

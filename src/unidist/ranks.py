@@ -46,7 +46,7 @@ def topology() -> Topology:
         TopologyError: the environment is malformed, or does not say the local values and
             :func:`unidist.initialize` has not worked them out yet.
     """
-    return _view().topology()
+    return _reading_adopting_the_group().topology()
 
 
 def get_rank(group: Group | None = None) -> int:
@@ -105,11 +105,11 @@ def get_num_nodes() -> int:
 
 
 def _local(name: str) -> int:
-    """A per-node value (see :func:`_view`)."""
-    return _view().require(name)
+    """A per-node value (see :func:`_reading_adopting_the_group`)."""
+    return _reading_adopting_the_group().require(name)
 
 
-def _view() -> EnvReading:
+def _reading_adopting_the_group() -> EnvReading:
     """What the getters report; adopts a live process group when only the ranks can say it.
 
     Ignite's getters do the same (their first call syncs with the live group, which
@@ -192,7 +192,7 @@ def one_rank_first(
         local: choose the first rank per node instead of globally.
         timeout: seconds the others wait for it (default: the session's timeout).
     """
-    me = _view()
+    me = _reading_adopting_the_group()
     what = f"one_rank_first(rank={rank}, local={local})"
     if me.world_size == 1:
         _check_rank(rank, 1, what)
