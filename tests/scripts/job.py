@@ -30,6 +30,10 @@ print(
     flush=True,
 )
 print(f"rank {rank} says hello on stderr", file=sys.stderr, flush=True)
+if mode == "flood":
+    # Every rank's first lines are on the disk before rank 1 fills it; without this, rank 0
+    # could be the first to find the disk full and be named the culprit.
+    unidist.barrier()
 if rank == 1:
     if mode == "raise":
         raise ValueError("rank 1 is broken")

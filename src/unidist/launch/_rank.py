@@ -12,6 +12,7 @@ culprit. Each rank also:
   KeyboardInterrupt that cannot be delivered (a script's own signal handler still wins);
 * asks Linux to kill it if the launcher itself dies (no orphans);
 * exports ``NODE_RANK`` (torch's agent only sets ``GROUP_RANK``) for Composer's ``dist``;
+* keeps room on the disk for its error file, written there when its log has filled the disk;
 * works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`).
 """
 
@@ -76,6 +77,7 @@ def prepare_rank(python: bool = True) -> None:
         _defer_group_destruction()
         _prefix_store_by_attempt()
         _bind_group_store_to_master_addr()
+        records.reserve()  # room for its error file, should its log fill the disk
     _write("start", {})
 
 
@@ -257,3 +259,4 @@ def record_error(exc: BaseException) -> None:
 def record_done() -> None:
     """Record that this rank finished normally."""
     _write("done", {})
+    records.release()

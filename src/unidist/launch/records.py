@@ -12,12 +12,20 @@ timestamp. Files are named ``<kind>-s<start>-r<rank>.json``, where ``start``
 counts the starts of this node's ranks in this run (restarts after a failure and after a change
 of membership alike), so a record is never mistaken for another start's. The folder is private
 and new for every run (:mod:`unidist.launch.rundir`); records are plain JSON, checked on reading.
+
+A full disk must not silence the rank that filled it (a log that grew until the disk was full is
+the usual way): each rank takes room for its error file when it starts (:func:`reserve`, a
+hidden file of :data:`RESERVE_BYTES` beside it) and, when the disk is full, writes the record
+into that room in place (padded with spaces, which JSON ignores) and renames it: no new block is
+needed, and none is freed for the logs to take. Writing a record never raises: a rank's exit
+status must not depend on whether its launcher's records could be written.
 :class:`Start` and :class:`Slot` are the launcher's side: where torch's agent put each rank.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import time
@@ -34,6 +42,8 @@ __all__ = [
     "error_file",
     "process_start_time",
     "read",
+    "release",
+    "reserve",
     "write",
     "write_error",
 ]
@@ -44,6 +54,9 @@ START = "UNIDIST_START"
 #: torch's variable: where a rank writes why it failed (torch's ``@record`` reads it too).
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 _KINDS = ("start", "error", "done")
+#: The room each rank keeps for its error file (torch's format, traceback cut to fit).
+RESERVE_BYTES = 16 * 1024
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass(frozen=True)
@@ -80,17 +93,19 @@ def error_file(events: Path, start: int, rank: int) -> Path:
 
 
 def write(kind: str, identity: dict[str, Any], payload: dict[str, Any]) -> None:
-    """Write one record atomically (inside a rank)."""
+    """Write one record atomically (inside a rank); a record that cannot be written is lost."""
     folder = os.environ.get(EVENTS)
     if not folder:
         return
     start = os.environ.get(START, identity.get("attempt", 0))
     record = {**identity, **payload, "start": int(start), "time_ns": time.time_ns()}
-    _replace(Path(folder, f"{kind}-s{start}-r{identity['rank']}.json"), record)
+    with contextlib.suppress(OSError):
+        _replace(Path(folder, f"{kind}-s{start}-r{identity['rank']}.json"), record)
 
 
 def write_error(identity: dict[str, Any], exc: BaseException, kind: str, callstack: str) -> None:
-    """Write this rank's error file (``ERROR_FILE``) in torch's format, atomically.
+    """Write this rank's error file (``ERROR_FILE``) in torch's format, atomically; on a full
+    disk, into the room :func:`reserve` kept for it.
 
     Args:
         identity: the rank's identity (rank, pid, host, ...), kept under ``unidist``.
@@ -104,23 +119,86 @@ def write_error(identity: dict[str, Any], exc: BaseException, kind: str, callsta
     now = time.time_ns()
     ours = {**identity, "kind": kind, "type": type(exc).__name__, "time_ns": now}
     ours["start"] = int(os.environ.get(START, identity.get("attempt", 0)))
-    message = {
-        "message": f"{type(exc).__name__}: {exc}",
-        "extraInfo": {
-            "py_callstack": callstack,
-            "timestamp": str(now // 1_000_000_000),
-            "unidist": ours,
-        },
-    }
-    _replace(Path(path), {"message": message})
+
+    def record(text: str, stack: str) -> dict[str, Any]:
+        extra = {"py_callstack": stack, "timestamp": str(now // 1_000_000_000), "unidist": ours}
+        return {"message": {"message": text, "extraInfo": extra}}
+
+    text = f"{type(exc).__name__}: {exc}"
+    try:
+        _replace(Path(path), record(text, callstack))
+    except OSError as failed:
+        if failed.errno in _NO_SPACE:
+            with contextlib.suppress(OSError):
+                _into_reserve(Path(path), lambda cut: record(text[:cut], callstack[-cut:]))
+        return
+    release()
+
+
+def reserve() -> None:
+    """Take room on the disk for this rank's error file, to write it even when the disk is
+    full (inside a rank of ``unidist launch``, at its start); nothing if there is none to take."""
+    path = os.environ.get(ERROR_FILE)
+    if not path or not os.environ.get(EVENTS):
+        return
+    room = _reserve_of(Path(path))
+    with contextlib.suppress(OSError):
+        fd = os.open(room, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:  # written, not sparse: the blocks are this file's from now on
+            os.write(fd, b" " * RESERVE_BYTES)
+        finally:
+            os.close(fd)
+
+
+def release(events: Path | None = None) -> None:
+    """Give back the room of this rank's error file (inside a rank), or, with ``events``, every
+    room left in that folder (the launcher, after the run: ranks that were killed)."""
+    if events is not None:
+        rooms = list(events.glob(".error-*.reserve")) if events.is_dir() else []
+    else:
+        path = os.environ.get(ERROR_FILE)
+        rooms = [_reserve_of(Path(path))] if path and os.environ.get(EVENTS) else []
+    for room in rooms:
+        with contextlib.suppress(OSError):
+            room.unlink()
+
+
+def _reserve_of(path: Path) -> Path:
+    return path.with_name(f".{path.name}.reserve")
+
+
+def _into_reserve(path: Path, record: Any) -> None:
+    """Write ``record(cut)`` (a record whose long texts are cut to ``cut`` characters) into
+    the room kept for ``path``, then rename the room to ``path``; raises OSError if there is
+    no room or the record does not fit."""
+    room = _reserve_of(path)
+    fd = os.open(room, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # no O_TRUNC: its blocks
+    try:
+        size = os.fstat(fd).st_size
+        cut = size
+        data = json.dumps(record(cut)).encode()
+        while len(data) > size and cut > 0:
+            cut //= 2
+            data = json.dumps(record(cut)).encode()
+        if len(data) > size:
+            raise OSError(errno.ENOSPC, "the record does not fit in its reserve", str(room))
+        os.pwrite(fd, data.ljust(size), 0)
+    finally:
+        os.close(fd)
+    room.replace(path)
 
 
 def _replace(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # tracebacks: private
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(record))
-    tmp.replace(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # tracebacks: private
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(record))
+        tmp.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def read(events: Path, start: int) -> dict[tuple[str, int], dict[str, Any]]:
