@@ -21,7 +21,7 @@ from torch import nn
 
 import unidist
 from unidist._migration import POINTERS
-from unidist.placement import ddp_keywords
+from unidist.models import ddp_keywords
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ def test_public_modules_declare_all() -> None:
         "testing",
         "adapters",
         "devices",
-        "placement",
+        "models",
         "parallel",
         "parallel.config",
         "parallel.strategies",

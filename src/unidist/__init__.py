@@ -81,8 +81,8 @@ _LAZY: dict[str, str] = {
     "ShardedIterable": "unidist.streams",
     "StatefulDataLoader": "unidist.data",
     "auto_dataloader": "unidist.data",
-    "auto_model": "unidist.placement",
-    "auto_optim": "unidist.placement",
+    "auto_model": "unidist.models",
+    "auto_optim": "unidist.models",
     "available_backends": "unidist.devices",
     "default_backend": "unidist.devices",
     "device": "unidist.devices",
@@ -92,7 +92,7 @@ _LAZY: dict[str, str] = {
     "shard_iterable": "unidist.streams",
     "show_config": "unidist.diagnostics",
     "spawn": "unidist.launch.spawn",
-    "unwrap_model": "unidist.placement",
+    "unwrap_model": "unidist.models",
 }
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
@@ -100,7 +100,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from unidist.devices import available_backends, default_backend, device
     from unidist.diagnostics import probe, show_config
     from unidist.launch.spawn import spawn
-    from unidist.placement import auto_model, auto_optim, unwrap_model
+    from unidist.models import auto_model, auto_optim, unwrap_model
     from unidist.samplers import (
         BatchSampler,
         DistributedSampler,

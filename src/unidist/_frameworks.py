@@ -1,6 +1,6 @@
 """The one way neutral code reaches a framework integration: a table of names, loaded on use.
 
-Neutral modules (samplers, placement, parallelism) never import :mod:`unidist.integrations`:
+Neutral modules (samplers, models, parallelism) never import :mod:`unidist.integrations`:
 that would import Composer or Ignite with ``import unidist`` and turn the layers into a circle.
 When a user asks for a framework's own object (``get_sampler(native="composer")``,
 ``auto_model(via="ignite")``, ``ParallelismConfig.to_composer()``), the neutral module asks this

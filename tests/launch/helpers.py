@@ -71,6 +71,12 @@ def pids_of(log_dir: Path) -> list[int]:
     return [json.loads(p.read_text())["pid"] for p in log_dir.glob("*/.events/start-*.json")]
 
 
+def printed(log_dir: Path, rank: int) -> bool:
+    """Whether rank ``rank`` of tests/scripts/job.py printed its first line (it is initialised)."""
+    logs = log_dir.glob(f"*/rank{rank}.stdout.log")
+    return any(f"rank {rank} of " in log.read_text() for log in logs)
+
+
 def alive(pid: int) -> bool:
     stat = Path(f"/proc/{pid}/stat")
     try:
@@ -92,11 +98,3 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def wait_for(condition: object, timeout: float, what: str) -> None:
-    """Poll ``condition()`` until true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.1)

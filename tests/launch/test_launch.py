@@ -6,21 +6,20 @@ import json
 import signal
 import stat
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests._waiting import wait_for
 from tests.launch.helpers import (
     JOB,
     assert_nothing_left,
     free_port,
     launch,
-    pids_of,
+    printed,
     run_folder,
     run_folders,
     start_launch,
-    wait_for,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -125,8 +124,8 @@ def test_a_crashed_ranks_children_are_killed(tmp_path: Path) -> None:
 
 def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
     launcher = start_launch("-n", "2", "--log-dir", str(tmp_path), JOB, "wait")
-    wait_for(lambda: len(pids_of(tmp_path)) == 2, 60, "both ranks to start")
-    time.sleep(1.0)
+    # Both ranks past initialize() and in the job's sleep: each printed its first line.
+    wait_for(lambda: printed(tmp_path, 0) and printed(tmp_path, 1), 60, "both ranks' first line")
     launcher.send_signal(signal.SIGINT)
     try:
         _, err = launcher.communicate(timeout=60)

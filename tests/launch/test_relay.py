@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests._waiting import wait_for
 from tests.launch.helpers import free_port
 from unidist.launch import relay
 from unidist.launch.relay import Failure, Relay, decode, encode
@@ -98,7 +99,7 @@ def test_every_node_learns_the_culprit_and_the_first_stays(store_port: int) -> N
         a.linger()  # a node that only learnt of it leaves as soon as every node has seen it
         assert time.monotonic() - started < 1
         a.publish(replace(RAISED, rank=0, local_rank=0, node_rank=0, host="node-a"))
-        time.sleep(relay.POLL * 2)
+        time.sleep(relay.POLL * 2)  # two polls for a change that must not come: nothing to await
         assert a.received() == RAISED  # first writer wins: every node reports the same rank
         started = time.monotonic()
         b.linger()  # both have seen it: no waiting
@@ -114,10 +115,7 @@ def test_a_ranks_own_failure_replaces_a_published_wait(store_port: int) -> None:
         a.publish(TIMEOUT)
         assert received(b) == TIMEOUT
         b.publish(RAISED)
-        deadline = time.monotonic() + 5
-        while a.received() != RAISED and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert a.received() == RAISED
+        wait_for(lambda: a.received() == RAISED, 5, "rank 1's own failure to replace the wait")
     finally:
         a.stop()
         b.stop()
@@ -130,7 +128,7 @@ def test_a_stranger_cannot_block_the_relay_with_garbage(store_port: int) -> None
     stranger.set(f"unidist/launch/job/{ROUND}/failed", pickle.dumps(RAISED))
     a, b = relays(store_port, 2)
     try:
-        time.sleep(relay.POLL * 2)
+        time.sleep(relay.POLL * 2)  # two polls for a belief that must not come: nothing to await
         assert a.received() is None  # never believed
         b.publish(RAISED)
         assert received(a) == RAISED

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests._waiting import wait_for
 from tests.launch.helpers import (
     JOB,
     assert_nothing_left,
     free_port,
     run_folder,
     start_launch,
-    wait_for,
 )
 
 pytestmark = pytest.mark.multiprocess

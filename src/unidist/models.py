@@ -1,4 +1,4 @@
-"""``auto_model`` and ``auto_optim``: put a model and its optimizer where this rank trains.
+"""Ready a model and its optimizer for this rank: ``auto_model``, ``auto_optim``, ``unwrap_model``.
 
 Unlike Ignite's ``idist.auto_model``, a single process never gets ``DataParallel`` behind its
 back (pytorch/ignite#2447): with one process the model is only moved to :func:`unidist.device`;
