@@ -265,3 +265,35 @@ def test_rank_zero_leaves_initialize_only_once_every_rank_is_connected() -> None
         run_distributed(connect_late, init=False, env={"UNIDIST_TIMEOUT": "20"}, timeout=120)
     # rank 0 left by os._exit (no result), but only after rank 1 was connected: rank 1 finished
     assert caught.value.results == {1: "connected"}, str(caught.value)
+
+
+def collective_in_a_forked_child() -> tuple[str, bool]:
+    """What a forked child (a DataLoader worker) of a rank hears when it calls a collective."""
+    from unidist import _state
+
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: report, then leave without running the parent's teardown
+        try:
+            unidist.all_reduce(torch.ones(1))
+            said = "no error"
+        except unidist.NotInitializedError as exc:
+            said = f"{exc} (pid {_state.pid()} == {os.getpid()})"
+        except BaseException as exc:  # anything else, to fail the test, not the child
+            said = f"{type(exc).__name__}: {exc}"
+        os.write(writing, said.encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        said = pipe.read().decode()
+    os.waitpid(child, 0)
+    unidist.all_reduce(torch.ones(1))  # the rank itself goes on
+    return said, _state.pid() == os.getpid()
+
+
+def test_a_forked_child_of_a_rank_is_refused_collectives() -> None:
+    for said, parent_pid_kept in run_distributed(collective_in_a_forked_child, world_size=2):
+        assert "all_reduce was called in a forked child" in said
+        pid = said.rsplit("(pid ", 1)[1].rstrip(")").split(" == ")
+        assert pid[0] == pid[1], said  # the child's cached pid is its own
+        assert parent_pid_kept

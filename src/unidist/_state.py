@@ -165,13 +165,22 @@ def reset() -> None:
         _reading = None
 
 
+def pid() -> int:
+    """This process's id, without a system call (kept by the fork hook below)."""
+    return _pid
+
+
+_pid = os.getpid()
+
+
 def _after_fork_in_child() -> None:
     # Re-read the environment (Ignite's fork-started ranks set it after forking). The session is
     # kept so getters still work in DataLoader workers; lifecycle.session_for() refuses
     # collectives there.
-    global _serial, _reading
+    global _serial, _reading, _pid
     _serial = None
     _reading = None
+    _pid = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):

@@ -387,7 +387,7 @@ def session_for(what: str) -> Session:
     """
     session = _state.published()
     if session is not None:
-        if session.pid != os.getpid():
+        if session.pid != _state.pid():  # a forked child (no system call: every collective)
             raise NotInitializedError(
                 f"{what} was called in a forked child (pid {os.getpid()}, e.g. a DataLoader "
                 f"worker) of rank {session.topology.rank}; process groups do not survive fork. "

@@ -83,7 +83,7 @@ def _in_place(
         result = primitive(work)
     if result is not work:
         work.copy_(result)  # the adapter returned a new tensor
-    if work.data_ptr() != tensor.data_ptr():
+    if work is not tensor and work.data_ptr() != tensor.data_ptr():
         tensor.copy_(work)  # ran on a contiguous or device copy
 
 
