@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import statistics
 from collections.abc import Sequence
+
+
+def free_port() -> int:
+    """A TCP port that is free now: Ignite's ``Parallel`` would take 2222, which another job on
+    the machine may hold."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def median(values: Sequence[float]) -> float:

@@ -7,8 +7,11 @@ Each launcher runs bench/scripts/trivial.py (init, barrier, all_reduce, exit) wi
 on this machine, interleaved round by round so drift hits all alike; the table shows the median
 wall time and the ratio to torchrun. Then rank 1 raises right after init: the second table shows
 the median time from the failure to the launcher's exit, and the exit code each launcher returns
-(the culprit's code is 1). A run that has not finished after 60 s is counted as hung and its whole
-process group is killed (torch 2.7's gloo destructor can deadlock at exit, pytorch PR #154976).
+(the culprit's code is 1). Between them, the same for a program that never imports torch
+(bench/scripts/no_torch.py) under ``unidist launch`` and torchrun: a rank of ``unidist launch``
+must not import torch for it (goal: no slower than torchrun). A run that has not finished after
+60 s is counted as hung and its whole process group is killed (torch 2.7's gloo destructor can
+deadlock at exit, pytorch PR #154976).
 The third table times one DataLoader epoch with one worker in this process, inside a rank of
 ``unidist launch`` (bench/scripts/epoch.py), of ``unidist.spawn``, and of ``unidist.spawn`` with
 workers started by the spawn method (what ``unidist.spawn`` gave before issue 12, and what the
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import median, table
+from _util import free_port, median, table
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "trivial.py")
 EPOCH = str(Path(__file__).parent / "scripts" / "epoch.py")
@@ -47,13 +50,19 @@ LAUNCHERS = {
         SCRIPT,
     ],
     "composer -n 2": [str(BIN / "composer"), "-n", "2", SCRIPT],
-    "ignite Parallel": [sys.executable, SCRIPT, "--ignite-parallel"],
+    "ignite Parallel": [sys.executable, SCRIPT, "--ignite-parallel", "{free port}"],
+}
+#: A program that never imports torch, under the two launchers that run any program.
+NO_TORCH_SCRIPT = str(Path(__file__).parent / "scripts" / "no_torch.py")
+NO_TORCH = {
+    name: [*LAUNCHERS[name][:-1], NO_TORCH_SCRIPT] for name in ("unidist launch", "torchrun")
 }
 
 
 def once(command: list[str], fail: str | None) -> tuple[float | None, int, float | None]:
     """(wall seconds or None if hung, exit code, failure-to-exit seconds)."""
-    args = [*command, "--fail", fail] if fail else command
+    args = [str(free_port()) if a == "{free port}" else a for a in command]
+    args = [*args, "--fail", fail] if fail else args
     started = time.time()
     process = subprocess.Popen(
         args,
@@ -128,7 +137,8 @@ def dataloader_rows(repeat: int) -> list[tuple[str, float, float]]:
         epochs["ignite Parallel rank"] = []
         for _ in range(repeat):
             with tempfile.TemporaryDirectory() as out:
-                with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+                port = free_port()  # not Ignite's 2222, which another job may hold
+                with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=port) as parallel:
                     parallel.run(ignite_epoch, out)
                 epochs["ignite Parallel rank"] += [
                     float(f.read_text()) for f in Path(out).iterdir()
@@ -148,8 +158,14 @@ def main() -> None:
     to_exit: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     codes: dict[str, set[int]] = {name: set() for name in LAUNCHERS}
     hangs: dict[str, int] = dict.fromkeys(LAUNCHERS, 0)
+    plain: dict[str, list[float]] = {name: [] for name in NO_TORCH}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.repeat):
+            for name, command in NO_TORCH.items():
+                wall, code, _ = once(command, None)
+                assert wall is not None, f"{name} hung on {NO_TORCH_SCRIPT}"
+                assert code == 0, f"{name} failed on {NO_TORCH_SCRIPT} (exit code {code})"
+                plain[name].append(wall)
             for name, command in LAUNCHERS.items():
                 wall, code, _ = once(command, None)
                 if wall is None:
@@ -179,6 +195,14 @@ def main() -> None:
                 for name, w in walls.items()
                 if w
             ],
+        )
+    )
+    print(f"\na program that does not import torch ({Path(NO_TORCH_SCRIPT).name}), 2 ranks")
+    base_plain = median(plain["torchrun"])
+    print(
+        table(
+            ["launcher", "wall s", "x torchrun"],
+            [(name, median(w), median(w) / base_plain) for name, w in plain.items()],
         )
     )
     base_exit = median(to_exit["torchrun"])

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch.helpers import free_port
+
 pytestmark = pytest.mark.multiprocess
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "report_topology.py")
@@ -79,7 +81,7 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
         ],
         "composer": [str(BIN / "composer"), "-n", "2", SCRIPT, adapter],
         "unidist": [sys.executable, "-m", "unidist", "launch", "-n", "2", SCRIPT, adapter],
-        "ignite": [sys.executable, SCRIPT, adapter, "--ignite-parallel"],
+        "ignite": [sys.executable, SCRIPT, adapter, "--ignite-parallel", str(free_port())],
     }
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if kind == "slurm":

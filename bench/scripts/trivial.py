@@ -40,12 +40,13 @@ def ignite_main(local_rank: int, fail: str | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail", default=None)
-    parser.add_argument("--ignite-parallel", action="store_true")
+    parser.add_argument("--ignite-parallel", type=int, metavar="MASTER_PORT")
     args = parser.parse_args()
     if args.ignite_parallel:
         import ignite.distributed as idist
 
-        with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+        port = args.ignite_parallel
+        with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=port) as parallel:
             parallel.run(ignite_main, args.fail)
     else:
         assert "RANK" in os.environ, "start me with a launcher"

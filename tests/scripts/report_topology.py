@@ -25,10 +25,11 @@ def main(_local_rank: int | None = None, adapter: str = "torch") -> None:
 
 if __name__ == "__main__":
     chosen = sys.argv[1]
-    if "--ignite-parallel" in sys.argv:
+    if "--ignite-parallel" in sys.argv:  # followed by a free port (Ignite's default is 2222)
         import ignite.distributed as idist
 
-        with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+        port = int(sys.argv[sys.argv.index("--ignite-parallel") + 1])
+        with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=port) as parallel:
             parallel.run(main, adapter=chosen)
     else:
         main(adapter=chosen)
