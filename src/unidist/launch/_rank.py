@@ -14,19 +14,26 @@ culprit. Each rank also:
 * exports ``NODE_RANK`` (torch's agent only sets ``GROUP_RANK``) for Composer's ``dist``;
 * keeps room on the disk for its error file, written there when its log has filled the disk;
 * works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`).
+
+It imports nothing the script does not: the patches of torch wait until the script imports
+``torch.distributed`` (:func:`when_imported`), so a rank whose program never imports torch
+starts as fast as under torchrun.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import importlib.abc
+import importlib.machinery
 import os
 import signal
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 from unidist.launch import records
@@ -38,6 +45,7 @@ __all__ = [
     "prepare_rank",
     "record_done",
     "record_error",
+    "when_imported",
 ]
 
 
@@ -107,6 +115,54 @@ def default_start_method() -> str:
     return multiprocessing.get_all_start_methods()[0]
 
 
+def when_imported(name: str, patch: Callable[[ModuleType], None]) -> None:
+    """Run ``patch(module)`` on module ``name``: now if it is imported, else as soon as its code
+    has run (before the importer gets it back). A rank whose script never imports torch so never
+    pays the seconds of importing it for patches it does not need.
+    """
+    module = sys.modules.get(name)
+    if module is not None:
+        patch(module)
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, patch))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: lends the other finders' spec for one module a loader that patches
+    the module once it has run, then leaves ``sys.meta_path``."""
+
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
+        self.name, self.patch = name, patch
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec: importlib.machinery.ModuleSpec | None = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        if spec is None:
+            return None
+        loader: Any = spec.loader
+        run = getattr(loader, "exec_module", None)
+        if run is None:  # an old-style loader: patch nothing rather than break the import
+            return spec
+        patch = self.patch
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            patch(module)
+
+        loader.exec_module = exec_module  # the loader of this module alone
+        return spec
+
+
 _kept_groups: list[Any] = []
 
 
@@ -121,9 +177,11 @@ def _defer_group_destruction() -> None:
     therefore keeps a reference to the groups it tears down, and at exit a short sleep (the GIL
     released) lets every worker finish before the interpreter frees them.
     """
-    import atexit
+    when_imported("torch.distributed", _keep_destroyed_groups)
 
-    import torch.distributed as dist
+
+def _keep_destroyed_groups(dist: Any) -> None:
+    import atexit
 
     from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 
@@ -152,14 +210,19 @@ def _prefix_store_by_attempt() -> None:
     this, so they all agree on the prefix. (Dynamic rendezvous: the launcher opts out of the
     shared store instead, see ``runner._exports``.)
     """
-    from unidist._workarounds import STATIC_STORE_REUSED, replace_c10d_store
-
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or attempt == "0":
         return
+    when_imported("torch.distributed.rendezvous", lambda _: _prefix_stores(attempt))
+
+
+def _prefix_stores(attempt: str) -> None:
+    import torch.distributed as dist
+
+    from unidist._workarounds import STATIC_STORE_REUSED, replace_c10d_store
+
     if not STATIC_STORE_REUSED.present():
         return
-    import torch.distributed as dist
 
     def with_prefix(create: Callable[..., Any]) -> Callable[..., Any]:
         def create_with_prefix(*args: Any, **kwargs: Any) -> Any:
@@ -183,18 +246,26 @@ def _bind_group_store_to_master_addr() -> None:
     (``127.0.1.1``) and to a routable address elsewhere, so only the wildcard is safe there.
     """
     from unidist import _env
-    from unidist._workarounds import STORE_LISTENS_EVERYWHERE
 
     reading = _env.read()
     if reading.rank != 0 or reading.agent_store or reading.local_world_size != reading.world_size:
         return
-    if not STORE_LISTENS_EVERYWHERE.present():
-        return
+    when_imported("torch.distributed.rendezvous", lambda _: _bind_stores())
+
+
+def _bind_stores() -> None:
     import torch.distributed as dist
 
     from unidist._comm import listen
-    from unidist._workarounds import LIBUV_STORE_LISTEN_FD, replace_c10d_store
+    from unidist._workarounds import (
+        LIBUV_STORE_LISTEN_FD,
+        STORE_LISTENS_EVERYWHERE,
+        replace_c10d_store,
+    )
     from unidist.errors import ConfigurationError
+
+    if not STORE_LISTENS_EVERYWHERE.present():
+        return
 
     def bound(create: Callable[..., Any]) -> Callable[..., Any]:
         def create_bound(
