@@ -39,6 +39,15 @@ def test_a_module_imported_later_is_patched_once_its_code_has_run(package: str) 
     assert __import__(package).VALUE == 1  # once only
 
 
+def test_a_module_looked_up_before_it_is_imported_is_still_patched(package: str) -> None:
+    import importlib.util
+
+    when_imported(package, lambda m: setattr(m, "VALUE", 4))
+    assert importlib.util.find_spec(package) is not None  # a look, no import
+    assert package not in sys.modules
+    assert __import__(package).VALUE == 4
+
+
 def test_a_module_already_imported_is_patched_at_once(package: str) -> None:
     module = __import__(package)
     when_imported(package, lambda m: setattr(m, "VALUE", 3))

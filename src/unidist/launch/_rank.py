@@ -129,21 +129,20 @@ def when_imported(name: str, patch: Callable[[ModuleType], None]) -> None:
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Finds nothing itself: lends the other finders' spec for one module a loader that patches
-    the module once it has run, then leaves ``sys.meta_path``."""
+    the module once its code has run, then leaves ``sys.meta_path``. (Only then: a caller may
+    look a module up, ``importlib.util.find_spec``, long before anyone imports it.)"""
 
     def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
-        self.name, self.patch = name, patch
+        self.name, self.patch, self.done = name, patch, False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != self.name:
             return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)
         spec: importlib.machinery.ModuleSpec | None = None
         for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
+            find = getattr(finder, "find_spec", None) if finder is not self else None
             spec = find(fullname, path, target) if find is not None else None
             if spec is not None:
                 break
@@ -153,14 +152,20 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         run = getattr(loader, "exec_module", None)
         if run is None:  # an old-style loader: patch nothing rather than break the import
             return spec
-        patch = self.patch
 
         def exec_module(module: ModuleType) -> None:
             run(module)
-            patch(module)
+            self._ran(module)
 
-        loader.exec_module = exec_module  # the loader of this module alone
+        loader.exec_module = exec_module  # the loader of this spec alone
         return spec
+
+    def _ran(self, module: ModuleType) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        if not self.done:
+            self.done = True
+            self.patch(module)
 
 
 _kept_groups: list[Any] = []
