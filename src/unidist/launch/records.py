@@ -13,13 +13,14 @@ counts the starts of this node's ranks in this run (restarts after a failure and
 of membership alike), so a record is never mistaken for another start's. The folder is private
 and new for every run (:mod:`unidist.launch.rundir`); records are plain JSON, checked on reading.
 
+:class:`Start` and :class:`Slot` are the launcher's side: where torch's agent put each rank.
+
 A full disk must not silence the rank that filled it (a log that grew until the disk was full is
 the usual way): each rank takes room for its error file when it starts (:func:`reserve`, a
 hidden file of :data:`RESERVE_BYTES` beside it) and, when the disk is full, writes the record
 into that room in place (padded with spaces, which JSON ignores) and renames it: no new block is
 needed, and none is freed for the logs to take. Writing a record never raises: a rank's exit
 status must not depend on whether its launcher's records could be written.
-:class:`Start` and :class:`Slot` are the launcher's side: where torch's agent put each rank.
 """
 
 from __future__ import annotations
