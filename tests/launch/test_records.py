@@ -108,5 +108,5 @@ def test_the_launcher_removes_the_rooms_its_killed_ranks_kept(events: Path) -> N
     kept = [events / ".error-s0-r1.json.reserve", events / ".error-s0-r0.json.reserve"]
     kept[1].write_bytes(b" ")
     (events / "start-s0-r1.json").write_text("{}")
-    records.release(events)
+    records.release_left(events)
     assert [p.name for p in events.iterdir()] == ["start-s0-r1.json"]

@@ -30,6 +30,7 @@ import errno
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "process_start_time",
     "read",
     "release",
+    "release_left",
     "reserve",
     "write",
     "write_error",
@@ -88,8 +90,9 @@ def process_start_time(pid: int) -> int | None:
     return None
 
 
-def error_file(events: Path, start: int, rank: int) -> Path:
-    """Where the rank ``rank`` of start ``start`` writes its error file (``ERROR_FILE``)."""
+def error_file(events: Path, start: int | str, rank: int | str) -> Path:
+    """Where the rank ``rank`` of start ``start`` writes its error file (``ERROR_FILE``);
+    ``"*"`` for either gives a glob pattern."""
     return events / f"error-s{start}-r{rank}.json"
 
 
@@ -151,24 +154,28 @@ def reserve() -> None:
             os.close(fd)
 
 
-def release(events: Path | None = None) -> None:
-    """Give back the room of this rank's error file (inside a rank), or, with ``events``, every
-    room left in that folder (the launcher, after the run: ranks that were killed)."""
-    if events is not None:
-        rooms = list(events.glob(".error-*.reserve")) if events.is_dir() else []
-    else:
-        path = os.environ.get(ERROR_FILE)
-        rooms = [_reserve_of(Path(path))] if path and os.environ.get(EVENTS) else []
-    for room in rooms:
+def release() -> None:
+    """Give back the room this rank kept for its error file (inside a rank)."""
+    path = os.environ.get(ERROR_FILE)
+    if path and os.environ.get(EVENTS):
         with contextlib.suppress(OSError):
-            room.unlink()
+            _reserve_of(Path(path)).unlink()
+
+
+def release_left(events: Path) -> None:
+    """Remove the rooms left in ``events`` by ranks that never gave theirs back (killed ones):
+    the launcher, at a restart and after the run."""
+    with contextlib.suppress(OSError):
+        for room in events.glob(_reserve_of(error_file(events, "*", "*")).name):
+            with contextlib.suppress(OSError):
+                room.unlink()
 
 
 def _reserve_of(path: Path) -> Path:
     return path.with_name(f".{path.name}.reserve")
 
 
-def _into_reserve(path: Path, record: Any) -> None:
+def _into_reserve(path: Path, record: Callable[[int], dict[str, Any]]) -> None:
     """Write ``record(cut)`` (a record whose long texts are cut to ``cut`` characters) into
     the room kept for ``path``, then rename the room to ``path``; raises OSError if there is
     no room or the record does not fit."""

@@ -98,7 +98,7 @@ class Run:
             previous = self.starts[-1] if self.starts else None
         if previous is not None:
             self._remember(previous)
-            records.release(self.events)  # the rooms its killed ranks kept
+            records.release_left(self.events)  # the rooms its killed ranks kept
         self.release()
         slots: dict[int, Slot] = {}
         for local, env in sorted(envs.items()):
@@ -527,7 +527,7 @@ def run(
     report.earlier, report.several_nodes = job.earlier, plan.rdzv.max_nodes > 1
     if report.failed:
         check_logs(report)  # a full disk or an I/O error, named as the cause
-    records.release(job.events)  # the rooms of ranks that never finished (killed)
+    records.release_left(job.events)  # the rooms of ranks that never finished (killed)
     return report, results, folder
 
 
