@@ -29,10 +29,14 @@ EXAMPLES: dict[str, tuple[list[pytest.MarkDecorator], int, bool]] = {
     # drop_last=True, as in Ignite's cifar10: 1024 // 64 * 64 samples, each once.
     "ignite_cifar10": ([pytest.mark.ignite], 1024, True),
     "ddp_tutorial": ([], 1024, True),
+    "elastic": ([], 480, True),
 }
 
 #: Arguments an example needs besides ``--record DIR`` ("{record}" is DIR).
-EXTRA_ARGS = {"ddp_tutorial": ["--snapshot-path", "{record}/snapshot.pt"]}
+EXTRA_ARGS = {
+    "ddp_tutorial": ["--snapshot-path", "{record}/snapshot.pt"],
+    "elastic": ["--checkpoint", "{record}/checkpoints"],
+}
 
 
 def test_every_example_is_tested_here() -> None:

@@ -27,6 +27,7 @@ from unidist.collectives import (
 from unidist.errors import (
     AdapterNotFoundError,
     AdapterUnavailableError,
+    CheckpointError,
     ConfigurationError,
     DeviceUnavailableError,
     DistributedTimeoutError,
@@ -78,6 +79,7 @@ _LAZY: dict[str, str] = {
     "DistributedSampler": "unidist.samplers",
     "DistributedSamplerWrapper": "unidist.samplers",
     "BatchSampler": "unidist.samplers",
+    "ResumableState": "unidist.resume",
     "ShardedIterable": "unidist.streams",
     "StatefulDataLoader": "unidist.data",
     "auto_dataloader": "unidist.data",
@@ -101,6 +103,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
     from unidist.diagnostics import probe, show_config
     from unidist.launch.spawn import spawn
     from unidist.models import auto_model, auto_optim, unwrap_model
+    from unidist.resume import ResumableState
     from unidist.samplers import (
         BatchSampler,
         DistributedSampler,
@@ -113,6 +116,7 @@ __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
     "BatchSampler",
+    "CheckpointError",
     "ConfigurationError",
     "DDPConfig",
     "DeviceUnavailableError",
@@ -128,6 +132,7 @@ __all__ = [
     "NotInitializedError",
     "ParallelismConfig",
     "RemoteError",
+    "ResumableState",
     "ShardedIterable",
     "SizePolicy",
     "StatefulDataLoader",

@@ -11,6 +11,7 @@ UnidistError
 ├── DistributedTimeoutError (TimeoutError) a wait ran out of time; names what it waited for
 ├── RemoteError (RuntimeError)             another rank failed, so this one cannot go on
 ├── LaunchError (RuntimeError)             a launched job failed; names the culprit rank
+├── CheckpointError (RuntimeError)         a checkpoint cannot be read, or is another job's
 └── MicrobatchOOMError (RuntimeError)      out of memory even at the smallest microbatch size
 ```
 
@@ -26,6 +27,7 @@ from types import TracebackType
 __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
+    "CheckpointError",
     "ConfigurationError",
     "DeviceUnavailableError",
     "DistributedTimeoutError",
@@ -108,6 +110,14 @@ class LaunchError(UnidistError, RuntimeError):
         self.report = report
         self.exit_code = exit_code
         self.culprit = culprit
+
+
+class CheckpointError(UnidistError, RuntimeError):
+    """A checkpoint cannot be trusted or read, or it belongs to another job.
+
+    The message says what was found (the file, its owner or mode, the job that wrote it) and
+    what to do about it.
+    """
 
 
 class MicrobatchOOMError(UnidistError, RuntimeError):

@@ -98,3 +98,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def c10d(port: int, nnodes: str, log_dir: Path, *extra: str) -> list[str]:
+    """Options of a job whose launchers meet at a c10d store on this machine's ``port``."""
+    return [
+        "--nnodes",
+        nnodes,
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "unidist-test",
+        "--log-dir",
+        str(log_dir),
+        *extra,
+    ]

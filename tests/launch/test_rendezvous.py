@@ -11,6 +11,7 @@ from tests._waiting import wait_for
 from tests.launch.helpers import (
     JOB,
     assert_nothing_left,
+    c10d,
     free_port,
     run_folder,
     start_launch,
@@ -25,22 +26,6 @@ def finish(nodes: list[subprocess.Popen[str]], timeout: float = 180) -> list[tup
     finally:
         for node in nodes:
             node.kill()
-
-
-def c10d(port: int, nnodes: str, log_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--nnodes",
-        nnodes,
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{port}",
-        "--rdzv-id",
-        "unidist-test",
-        "--log-dir",
-        str(log_dir),
-        *extra,
-    ]
 
 
 def test_two_launchers_meet_at_a_c10d_endpoint_without_node_ranks(tmp_path: Path) -> None:

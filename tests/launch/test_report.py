@@ -266,3 +266,27 @@ def test_a_success_after_restarts_says_so(tmp_path: Path) -> None:
     failed = analyse(first, tmp_path / ".events", {1: 1}, seen, PLAN)
     failed.earlier = [earlier]
     assert "  after 1 restart(s): attempt 0 failed: rank 1" in failed.format()
+
+
+@pytest.mark.parametrize("exit_seen", [True, False], ids=["sigterm-seen", "reaped-unseen"])
+def test_a_start_stopped_for_new_members_is_not_called_a_failure(
+    tmp_path: Path, exit_seen: bool
+) -> None:
+    # torch's agent SIGTERMs every rank when a node joins; the watchdog may see the signal's
+    # exit status, or the agent may reap the rank first. Either way the next start is bigger.
+    first = start_with(tmp_path, {"start:0": {}, "start:1": {}}, 0)
+    seen = observed(gone={0: 5}, status={0: -15}, failed={0}) if exit_seen else observed()
+    earlier = analyse(first, tmp_path / ".events", {}, seen, PLAN)
+    earlier.resized = (2, 4)
+    last = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}, "done:1": {}}, 1)
+    report = analyse(
+        last, tmp_path / ".events", {}, observed(gone={0: 1, 1: 1}, status={0: 0, 1: 0}), PLAN
+    )
+    report.earlier = [earlier]
+    assert report.format() == (
+        "unidist launch: all 2 ranks succeeded after 1 restart(s); attempt 0 was stopped by "
+        "torch's agent when the nodes changed (world size 2 -> 4).\n"
+    )
+    earlier.resized = None  # the same world size: a SIGTERM from elsewhere stays a failure
+    if exit_seen:
+        assert "attempt 0 failed: rank 0 (local rank 0) on h: killed by SIGTERM" in report.format()

@@ -81,6 +81,8 @@ class Report:
     earlier: list[Report] = field(default_factory=list)
     #: Whether the job spans several nodes (the summary then counts this node's ranks).
     several_nodes: bool = False
+    #: (world size of this start, of the start that replaced it) when the two differ.
+    resized: tuple[int, int] | None = None
 
     @property
     def failed(self) -> bool:
@@ -130,6 +132,18 @@ class Report:
             if culprit is None:
                 failed = [o for o in report.outcomes if o.status not in ("ok", "stopped")]
                 culprit = failed[0] if failed else None
+            if report.resized and (
+                culprit is None or culprit.detail.startswith("killed by SIGTERM (not by")
+            ):
+                # No failure, or a SIGTERM the launcher did not send, and the next start has
+                # another world size: torch's agent stops every rank with SIGTERM when a node
+                # joins or leaves (and reaps them, so their exit status may be unseen).
+                before, after = report.resized
+                parts.append(
+                    f"attempt {attempt} was stopped by torch's agent when the nodes changed "
+                    f"(world size {before} -> {after})"
+                )
+                continue
             if culprit is None:
                 parts.append(
                     f"attempt {attempt} was restarted without a failure of this node's ranks "

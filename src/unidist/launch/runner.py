@@ -97,7 +97,7 @@ class Run:
             index = len(self.starts)
             previous = self.starts[-1] if self.starts else None
         if previous is not None:
-            self._remember(previous)
+            self._remember(previous, int(next(iter(envs.values()), {}).get("WORLD_SIZE", "0")))
             records.release_left(self.events)  # the rooms its killed ranks kept
         self.release()
         slots: dict[int, Slot] = {}
@@ -166,13 +166,17 @@ class Run:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _remember(self, start: Start) -> None:
+    def _remember(self, start: Start, next_world_size: int) -> None:
         """A restart: keep how the previous start ended, for the final summary."""
         seen = self.observed() if self.observed is not None else Observed()
         try:
-            self.earlier.append(analyse(start, self.events, {}, seen, self.plan))
+            report = analyse(start, self.events, {}, seen, self.plan)
         except Exception:  # a summary must never stop a restart
-            self.earlier.append(Report([], None, 1))
+            report = Report([], None, 1)
+        world_size = next(iter(start.slots.values())).world_size if start.slots else 0
+        if start.slots and world_size != next_world_size:
+            report.resized = (world_size, next_world_size)
+        self.earlier.append(report)
 
 
 def _logs_specs(run: Run) -> Any:

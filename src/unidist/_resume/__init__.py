@@ -1,0 +1,1 @@
+"""Helpers of :mod:`unidist.resume`: the checkpoint folder and the stop signals."""

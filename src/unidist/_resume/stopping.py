@@ -1,0 +1,77 @@
+"""Stop signals: noted when they arrive, acted on at the next step boundary that all ranks agree on.
+
+torch's elastic agent stops every rank with SIGTERM (SIGKILL 30 s later) when a node joins or
+leaves, and schedulers do the same before preemption. A rank that dies at once loses the steps
+since its last checkpoint; one that finishes its step first can save. Handlers run in the main
+thread between bytecodes, so a handler only notes the signal; :class:`unidist.ResumableState`
+asks every rank at each step whether any rank got one.
+
+A rank that saved because of a signal leaves by that same signal, with its default action, so
+its launcher, torch's agent and any scheduler see exactly what they would have seen without
+unidist: a rank killed by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+from unidist.errors import ConfigurationError
+
+#: Seconds between looks at the flag while waiting for this rank's own signal.
+_POLL = 0.05
+
+
+class StopSignals:
+    """While installed, the signals in ``signums`` set :attr:`received` instead of killing."""
+
+    def __init__(self, signums: Iterable[int]) -> None:
+        self.signums = tuple(signal.Signals(s) for s in signums)
+        self.received = 0  # the first stop signal's number, 0 while none came
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if not self.signums or self._previous:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            names = ", ".join(s.name for s in self.signums)
+            raise ConfigurationError(
+                f"ResumableState listens for {names} to save before the launcher stops the "
+                "job, and Python lets only the main thread set signal handlers. HINT: create it "
+                "in the main thread, or pass stop_signals=() to save only every save_every steps."
+            )
+        for signum in self.signums:
+            self._previous[signum] = signal.signal(signum, self._note)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.received = self.received or signum
+
+    def restore(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def wait(self, timeout: float) -> int:
+        """This rank's own stop signal, waited for up to ``timeout`` seconds (0 if none came)."""
+        deadline = time.monotonic() + timeout
+        while not self.received and time.monotonic() < deadline:
+            time.sleep(_POLL)
+        return self.received
+
+    def leave(self, signum: int) -> None:
+        """End this process by ``signum`` with its default action, as if no handler was set."""
+        self.restore()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the signal ends the process; a signal that does not is an exit status
+        raise SystemExit(128 + signum)

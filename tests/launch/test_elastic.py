@@ -1,0 +1,134 @@
+"""An elastic job under ``unidist launch --nnodes 1:2``: a node joins mid-epoch, then one dies, and
+every sample is still trained on exactly once per epoch (examples/elastic.py, ResumableState)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._waiting import wait_for
+from tests.launch.helpers import assert_nothing_left, c10d, free_port, start_launch
+
+pytestmark = pytest.mark.multiprocess
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "elastic.py")
+SAMPLES, GLOBAL_BATCH, EPOCHS = 480, 8, 3
+STEPS = SAMPLES // GLOBAL_BATCH * EPOCHS
+
+
+def reads(folder: Path) -> list[dict[str, Any]]:
+    """Every line of every rank's reads log (a rank may be writing its last line: skipped)."""
+    lines = []
+    for path in folder.glob("reads-*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                continue
+    return lines
+
+
+def steps_on(folder: Path, world: int) -> int:
+    return len({line["step"] for line in reads(folder) if line["world"] == world})
+
+
+def committed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The reads whose step a later start did not roll back.
+
+    A start is known by (world size, the step it resumed from). A step it read counts if the
+    next start resumed at or after it; the start that finished the job counts in full.
+    """
+    starts = sorted(
+        {(line["world"], line["resumed_from"]) for line in lines},
+        key=lambda key: (
+            key[1],
+            any(x["step"] == STEPS for x in lines if (x["world"], x["resumed_from"]) == key),
+        ),
+    )
+    kept = []
+    for i, key in enumerate(starts):
+        upto = starts[i + 1][1] if i + 1 < len(starts) else STEPS
+        kept += [x for x in lines if (x["world"], x["resumed_from"]) == key and x["step"] <= upto]
+    return kept
+
+
+def test_a_node_joins_and_one_dies_mid_epoch_and_every_sample_is_read_once(
+    tmp_path: Path,
+) -> None:
+    record, checkpoint = tmp_path / "record", tmp_path / "checkpoint"
+    record.mkdir()
+    training = ["--samples", str(SAMPLES), "--global-batch-size", str(GLOBAL_BATCH)]
+    training += ["--epochs", str(EPOCHS), "--save-every", "5"]
+    job = [EXAMPLE, "--checkpoint", str(checkpoint), "--record", str(record), *training]
+    job += ["--step-delay", "0.1"]  # long enough for a join and a kill mid-epoch
+    port = free_port()
+    elastic = ["--rdzv-conf", "last_call_timeout=1", "--max-restarts", "3", "-n", "1"]
+    weights = ["--weights", str(tmp_path / "weights.json")]
+    first = start_launch(*c10d(port, "1:2", tmp_path / "a", *elastic), *job, *weights)
+    second = None
+    try:
+        wait_for(lambda: steps_on(record, 1) >= 15, 120, "node A to train 15 steps alone")
+        second = start_launch(*c10d(port, "1:2", tmp_path / "b", *elastic), *job)
+        wait_for(lambda: steps_on(record, 2) >= 15, 120, "nodes A and B to train 15 steps")
+        second.kill()  # node B dies: no signal, no checkpoint of its own
+        out, err = first.communicate(timeout=300)
+    finally:
+        for launcher in (first, second):
+            if launcher is not None:
+                launcher.kill()
+                launcher.communicate(timeout=30)
+    assert first.returncode == 0, (out[-3000:], err[-3000:])
+    lines = reads(record)
+    worlds = [line["world"] for line in sorted(lines, key=lambda x: x["step"])]
+    assert (worlds[0], 2 in worlds, worlds[-1]) == (1, True, 1), "alone, joined, alone again"
+    # The join stopped node A's rank mid-epoch with SIGTERM; it saved at that step and left.
+    summary = err[err.find("unidist launch:") :]
+    assert "stopped by torch's agent when the nodes changed (world size 1 -> 2)" in summary
+    assert "went away" in summary  # node B's death broke the next collective: a restart
+
+    kept = committed(lines)
+    assert len(kept) < len(lines), "node B died after the last save: some reads were redone"
+    for epoch in range(EPOCHS):
+        counts = Counter(i for x in kept if x["epoch"] == epoch for i in x["ids"])
+        assert sorted(counts) == list(range(SAMPLES)), f"epoch {epoch} missed samples"
+        assert set(counts.values()) == {1}, f"epoch {epoch} read samples twice"
+    assert sorted({x["step"] for x in kept}) == list(range(1, STEPS + 1))
+    mid_epoch = [x["resumed_from"] % (SAMPLES // GLOBAL_BATCH) for x in kept]
+    assert any(mid_epoch), "every restart began at an epoch boundary"
+
+    # The same training in one process, uninterrupted: the same samples in every step. The
+    # weights agree to rounding: two ranks average two half-batch gradients, one process
+    # averages the whole batch, and float addition is not associative.
+    alone = subprocess.run(
+        [
+            sys.executable,
+            EXAMPLE,
+            "--checkpoint",
+            str(tmp_path / "alone"),
+            *training,
+            "--weights",
+            str(tmp_path / "alone.json"),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    elastic_weights = json.loads((tmp_path / "weights.json").read_text())
+    alone_weights = json.loads((tmp_path / "alone.json").read_text())
+    pairs = zip(elastic_weights, alone_weights, strict=True)
+    gap = max(abs(a - b) for p, q in pairs for a, b in zip(p, q, strict=True))
+    print(f"largest weight difference from an uninterrupted single process: {gap:.2e}")
+    assert gap < 1e-4
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        assert_nothing_left(folder)
