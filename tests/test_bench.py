@@ -25,6 +25,7 @@ BENCHMARKS = {
     "import_time": (PEERS, "import unidist"),
     "launch": (PEERS, "failure -> exit s"),
     "microbatch": ([], "Retries until the size settles"),
+    "resume": ([], "state.step() costs"),
     "samplers": (PEERS, "sampler (rank 0 of 8)"),
 }
 

@@ -307,10 +307,11 @@ def test_a_signal_on_one_rank_makes_every_rank_save_at_the_same_step(tmp_path: P
     with pytest.raises(DistributedTestError) as failed:
         run_distributed(_stop_on_one_rank, str(tmp_path), timeout=120)
     assert "exited with code -15" in failed.value.failures[1]  # ended by its SIGTERM
-    # Rank 0 got no signal of its own: it saved with rank 1, then says why it stops.
-    assert "saved step 3" in failed.value.failures[0]
+    # Rank 1 was signalled during step 3; step 3's vote says so at step 4 on both ranks, which
+    # save step 4. Rank 0 got no signal of its own: it says why it stops.
+    assert "saved step 4" in failed.value.failures[0]
     assert "no stop signal reached this rank within 1 s" in failed.value.failures[0]
-    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 3
+    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 4
 
 
 def _one_rank_has_a_checkpoint(root: str) -> None:

@@ -37,7 +37,7 @@ import torch
 
 from unidist import ranks
 from unidist._resume import folder as files
-from unidist._resume.stopping import StopSignals
+from unidist._resume.stopping import StopSignals, StopVote
 from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
 from unidist._sampling.passes import check_int
 from unidist.collectives import all_reduce
@@ -128,6 +128,7 @@ class ResumableState:
         self._restored: bool | None = None
         self._in_force: int | None = None  # the step of the checkpoint latest.json names
         self._stops = StopSignals(stop_signals)
+        self._vote = StopVote()
 
     @property
     def steps(self) -> int:
@@ -160,6 +161,7 @@ class ResumableState:
             )
         if found >= 0:
             self._load(files.step_folder(self.root, found))
+        self._vote.start()
         self._stops.install()
         self._restored = found >= 0
         return self._restored
@@ -290,15 +292,16 @@ class ResumableState:
     def step(self) -> None:
         """One step is done: count it, save when due, and stop if any rank was told to.
 
-        With stop signals set, every rank takes part in a one-integer all-reduce here, so call
-        it on every rank after every step.
+        With stop signals set, every rank takes part in a one-integer vote here, so call it on
+        every rank after every step. The vote runs in the background on a CPU (gloo) group: a
+        step sends this rank's flag and reads the verdict of the previous step's vote, so it
+        never waits on the network or the GPU, and every rank stops at the same step, one
+        step after the signal was seen.
         """
         if self._restored is None:
             self.restore()
         self._steps += 1
-        stop = self._stops.received
-        if self._stops.signums and ranks.get_world_size() > 1:
-            stop = all_reduce(stop, "max")
+        stop = self._vote.cast(self._stops.received) if self._stops.signums else 0
         if stop or (self.save_every and self._steps % self.save_every == 0):
             self.save()
         if stop:
@@ -377,6 +380,7 @@ class ResumableState:
     def close(self) -> None:
         """Put back the signal handlers that were there before (saving nothing)."""
         self._stops.restore()
+        self._vote.finish(self.timeout)
 
     def __enter__(self) -> ResumableState:
         return self

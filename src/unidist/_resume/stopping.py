@@ -13,16 +13,19 @@ unidist: a rank killed by SIGTERM.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Iterable
+from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from unidist.errors import ConfigurationError
+from unidist import _state
+from unidist.errors import ConfigurationError, translate_errors
 
 #: Seconds between looks at the flag while waiting for this rank's own signal.
 _POLL = 0.05
@@ -75,3 +78,62 @@ class StopSignals:
         os.kill(os.getpid(), signum)
         time.sleep(5)  # the signal ends the process; a signal that does not is an exit status
         raise SystemExit(128 + signum)
+
+
+class StopVote:
+    """Whether any rank got a stop signal: a one-integer MAX all-reduce, one step behind.
+
+    Each :meth:`cast` starts this step's reduction in the background and returns the previous
+    step's verdict, so a step never waits for the network, and every rank reads the same
+    verdict at the same step. It runs on a gloo group of its own: a CPU tensor, so on GPUs it
+    neither synchronises a stream nor queues behind NCCL work, and with gloo training it does
+    not queue in front of DDP's gradient reductions either (a group runs its collectives one
+    after another). One rank alone, or no torch process group, has nothing to ask: its own
+    flag is the verdict at once.
+    """
+
+    def __init__(self) -> None:
+        self._live = False
+        self._group: Any = None
+        self._work: Any = None
+        self._flags: tuple[Any, Any] = (None, None)
+        self._turn = 0
+
+    def start(self) -> None:
+        """Make the vote's group (collective: every rank calls it at the same point)."""
+        session = _state.published()
+        if session is None or not session.torch_backed or session.topology.world_size < 2:
+            return
+        import torch
+        import torch.distributed as dist
+
+        with translate_errors("creating the gloo group of ResumableState's stop vote"):
+            self._group = dist.new_group(backend="gloo", timeout=session.timeout)
+        self._flags = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+        self._live = True
+
+    def cast(self, flag: int) -> int:
+        """Send this rank's ``flag``; the previous step's verdict (0: nobody was signalled)."""
+        if not self._live:
+            return flag
+        import torch.distributed as dist
+
+        verdict = 0
+        with translate_errors("ResumableState's stop vote (an all_reduce of one integer)"):
+            if self._work is not None:
+                self._work.wait()
+                verdict = int(self._flags[self._turn][0])
+            self._turn ^= 1  # two buffers: one is read while the other is in flight
+            buffer = self._flags[self._turn]
+            buffer[0] = flag
+            self._work = dist.all_reduce(
+                buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True
+            )
+        return verdict
+
+    def finish(self, timeout: float) -> None:
+        """Let the vote in flight complete (every rank sent it), so none is left queued."""
+        work, self._work = self._work, None
+        if work is not None:
+            with contextlib.suppress(Exception):  # a peer that is gone has its own error
+                work.wait(timeout=timedelta(seconds=timeout))
