@@ -348,12 +348,13 @@ class ResumableState:
         _check_json(progress)
         if rank == 0:
             files.fresh_folder(where)
+        # The folder is empty and private before any rank touches it: torch's writer creates
+        # it on every rank as it is built, which would race with rank 0 clearing a stale one.
+        barrier(self.timeout)
         if self.model is not None:
             import torch.distributed.checkpoint as dcp
             from torch.distributed.checkpoint.api import CheckpointException
 
-            # Rank 0 made the folder before its first collective in dcp.save; the others
-            # write only after that collective.
             try:
                 dcp.save(self._model_state(), checkpoint_id=str(where))
             except CheckpointException as exc:  # a BaseException: user code would miss it
@@ -361,8 +362,6 @@ class ResumableState:
                     f"saving {where} failed on rank(s) {sorted(exc.failures)}: {exc}. The "
                     "checkpoint in force is still the one latest.json names."
                 ) from exc
-        else:
-            barrier(self.timeout)
         files.write_json(files.rng_file(where, rank), _random_state())
         barrier(self.timeout)  # every rank's part is on disk
         if rank == 0:
