@@ -132,3 +132,32 @@ def test_a_node_joins_and_one_dies_mid_epoch_and_every_sample_is_read_once(
     assert gap < 1e-4
     for folder in (tmp_path / "a", tmp_path / "b"):
         assert_nothing_left(folder)
+
+
+def test_a_third_node_joins_two_without_costing_a_restart(tmp_path: Path) -> None:
+    # torch's agent SIGTERMs every rank when a node joins. Each node's launcher must leave that
+    # to its agent: told as a failure, it stopped the other node's ranks before that node's
+    # agent saw the join, and with --max-restarts 0 the job failed (torchrun's goes on).
+    record, checkpoint = tmp_path / "record", tmp_path / "checkpoint"
+    record.mkdir()
+    job = [EXAMPLE, "--checkpoint", str(checkpoint), "--record", str(record)]
+    job += ["--samples", "432", "--global-batch-size", "12", "--epochs", "3"]
+    job += ["--save-every", "5", "--step-delay", "0.15"]
+    port = free_port()
+    elastic = ["--rdzv-conf", "last_call_timeout=1", "--max-restarts", "0", "-n", "1"]
+    nodes = [start_launch(*c10d(port, "2:3", tmp_path / f"n{i}", *elastic), *job) for i in (0, 1)]
+    try:
+        wait_for(lambda: steps_on(record, 2) >= 10, 120, "two nodes to train 10 steps")
+        nodes.append(start_launch(*c10d(port, "2:3", tmp_path / "n2", *elastic), *job))
+        outputs = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()
+            node.communicate(timeout=30)
+    assert [node.returncode for node in nodes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    lines = reads(record)
+    assert {line["world"] for line in lines} == {2, 3}
+    for epoch in range(3):  # 36 steps of 12 samples: each sample once, no rollback needed
+        counts = Counter(i for x in lines if x["epoch"] == epoch for i in x["ids"])
+        assert sorted(counts) == list(range(432)), f"epoch {epoch} missed samples"
+        assert set(counts.values()) == {1}, f"epoch {epoch} read samples twice"

@@ -67,3 +67,18 @@ def test_observed_keeps_one_watch_per_rank_and_lists_the_failed() -> None:
     assert seen.failed == {1}
     assert seen.get(7).state is RankState.RUNNING
     assert 7 not in seen.ranks
+
+
+def test_a_sigterm_from_outside_is_left_to_torchs_agent() -> None:
+    # torch's agent SIGTERMs every rank when a node joins: not a failure for the watchdog to
+    # act on (stopping the survivors, telling other nodes), though it is on record.
+    seen = Observed()
+    advance(seen.watch(0), "exited", 5, status=-15, failed=True)
+    advance(seen.watch(1), "exited", 6, status=1, failed=True)
+    advance(seen.watch(2), "stop", 6)
+    advance(seen.watch(2), "exited", 7, status=-15, failed=True)
+    advance(seen.watch(3), "exited", 7, status=-9, failed=True)
+    assert seen.get(0).terminated
+    assert not seen.get(2).terminated  # the launcher's own SIGTERM
+    assert seen.failed == {0, 1, 2, 3}
+    assert seen.failed_on_their_own == {1, 2, 3}

@@ -10,10 +10,12 @@ process group so DataLoader workers of a crashed rank cannot linger, and the cul
 several nodes a relay (:mod:`~unidist.launch.relay`) tells every launcher of a rank that failed on
 another node, within about a second, and each stops its ranks and names that same culprit.
 
-A rank counts as failed only on evidence: its own error record, or a non-zero exit status. A
-rank that leaves with ``os._exit(0)`` while the others still work is not a failure (torchrun
-agrees). PIDs are signalled only if they belong to this run's ranks: the records are this run's
-own, and each PID's start time is checked, so a reused PID is left alone.
+A rank counts as failed only on evidence: its own error record, or a non-zero exit status. A rank
+that leaves with ``os._exit(0)`` while the others still work is not a failure (torchrun agrees). A
+rank ended by a SIGTERM the launcher did not send is left to torch's agent: the agent stops every
+rank that way when a node joins or leaves, and restarts them with the new nodes. PIDs are signalled
+only if they belong to this run's ranks: the records are this run's own, and each PID's start time
+is checked, so a reused PID is left alone.
 """
 
 from __future__ import annotations
@@ -301,7 +303,7 @@ class _Watchdog(threading.Thread):
                 self._check(slot.rank, procs[slot.rank], found, start.index)
         if self.relay is not None:
             self._relay(start, found)
-        if (self.seen.failed or self.seen.remote) and self._deadline is None:
+        if (self.seen.failed_on_their_own or self.seen.remote) and self._deadline is None:
             self._stop_survivors(procs, found)
         if self._deadline is not None and time.monotonic() > self._deadline:
             for rank, proc in procs.items():
@@ -332,7 +334,7 @@ class _Watchdog(threading.Thread):
         failed = [
             outcome_of(start.slots[slot], found, self.seen)
             for slot in sorted(start.slots)
-            if start.slots[slot].rank in self.seen.failed
+            if start.slots[slot].rank in self.seen.failed_on_their_own
         ]
         failed = [o for o in failed if o.status in relay.OWN + relay.WAITED]
         failed.sort(key=lambda o: (o.status not in relay.OWN, o.time_ns or 0))

@@ -19,6 +19,7 @@ can order what happened; a rank seen gone takes no further event.
 from __future__ import annotations
 
 import enum
+import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,13 @@ class RankWatch:
     @property
     def gone(self) -> bool:
         return self.gone_at is not None
+
+    @property
+    def terminated(self) -> bool:
+        """Ended by a SIGTERM the launcher did not send: torch's agent stopping it (a node
+        joined or left, or the agent's own stop), or someone else. Its agent, not the
+        watchdog, decides what follows: a restart with the new nodes, or the job's end."""
+        return self.gone and self.status == -signal.SIGTERM and self.stopped_at is None
 
 
 def advance(
@@ -130,3 +138,14 @@ class Observed:
     def failed(self) -> set[int]:
         """Ranks that exited with an error file or a non-zero status."""
         return {rank for rank, w in self.ranks.items() if w.failed_exit}
+
+    @property
+    def failed_on_their_own(self) -> set[int]:
+        """:attr:`failed`, less the ranks :attr:`RankWatch.terminated` by a SIGTERM from outside.
+
+        These are what the watchdog acts on (stopping the survivors, telling other nodes).
+        torch's agent SIGTERMs every rank when a node joins; acting on that as a failure made
+        the other nodes' launchers stop their ranks before their own agents saw the new node,
+        and the job failed where torchrun's went on.
+        """
+        return {rank for rank, w in self.ranks.items() if w.failed_exit and not w.terminated}
