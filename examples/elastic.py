@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -104,7 +105,9 @@ def main() -> int:
     return 0
 
 
-def _reads_log(folder: str | None, state: unidist.ResumableState):  # type: ignore[no-untyped-def]
+def _reads_log(
+    folder: str | None, state: unidist.ResumableState
+) -> Callable[[int, list[int]], None]:
     """A function that appends one line per step: which samples this rank read, and when."""
     if not folder:
         return lambda epoch, ids: None
