@@ -4,7 +4,8 @@
     python bench/import_time.py --quick    # one cold run each: checks that it runs (test command)
 
 Each statement runs in a new interpreter `--repeat` times (after one warm-up run that fills the
-OS file cache); the table shows the median wall time and the ratio to `import unidist`.
+OS file cache), the statements taking turns in every round so that a machine's drift hits them
+alike; the table shows the median wall time and the ratio to `import unidist`.
 """
 
 from __future__ import annotations
@@ -28,16 +29,22 @@ STATEMENTS = {
 }
 
 
-def measure(statement: str, repeat: int, warm: bool = True) -> float:
-    command = [sys.executable, "-c", statement]
+def _run(statement: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], check=True)
+    return time.perf_counter() - started
+
+
+def measure(statements: dict[str, str], repeat: int, warm: bool = True) -> dict[str, float]:
+    """Median wall time of each statement, the statements taking turns in every round."""
     if warm:
-        subprocess.run(command, check=True)  # warm the file cache
-    times = []
+        for statement in statements.values():
+            _run(statement)  # warm the file cache
+    times: dict[str, list[float]] = {name: [] for name in statements}
     for _ in range(repeat):
-        started = time.perf_counter()
-        subprocess.run(command, check=True)
-        times.append(time.perf_counter() - started)
-    return median(times)
+        for name, statement in statements.items():
+            times[name].append(_run(statement))
+    return {name: median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -48,8 +55,8 @@ def main() -> None:
     if args.quick:
         args.repeat = 1
     warm = not args.quick
-    baseline = measure("pass", args.repeat, warm)
-    results = {name: measure(stmt, args.repeat, warm) for name, stmt in STATEMENTS.items()}
+    results = measure({"python": "pass", **STATEMENTS}, args.repeat, warm)
+    baseline = results.pop("python")
     unidist_cost = results["import unidist"] - baseline
     rows = [
         (name, seconds, seconds - baseline, (seconds - baseline) / unidist_cost)
