@@ -28,6 +28,7 @@ import os
 import random
 import signal
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from unidist import ranks
+from unidist import _env, ranks
 from unidist._resume import folder as files
 from unidist._resume.stopping import StopSignals, StopVote
 from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
@@ -86,8 +87,8 @@ class ResumableState:
         save_every: int | None = None,
         keep: int = 2,
         stop_signals: tuple[int, ...] = (signal.SIGTERM,),
-        stop_timeout: float = 60.0,
-        timeout: float = 300.0,
+        stop_timeout: float | timedelta = 60.0,
+        timeout: float | timedelta = 300.0,
     ) -> None:
         if not isinstance(job, str) or not job.strip():
             raise ConfigurationError(
@@ -119,8 +120,8 @@ class ResumableState:
             None if save_every is None else check_int(save_every, "save_every", minimum=1)
         )
         self.keep = check_int(keep, "keep", minimum=1)
-        self.stop_timeout = _positive(stop_timeout, "stop_timeout")
-        self.timeout = _positive(timeout, "timeout")
+        self.stop_timeout = _env.timeout_seconds(stop_timeout, "stop_timeout")
+        self.timeout = _env.timeout_seconds(timeout)
         self.epoch = 0
         self.extra: dict[str, Any] = {}
         self.resumed_from: int | None = None
@@ -391,12 +392,6 @@ class ResumableState:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
-
-
-def _positive(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigurationError(f"{name}={value!r} must be a positive number of seconds.")
-    return float(value)
 
 
 def _check_json(progress: dict[str, Any]) -> None:

@@ -98,10 +98,14 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     )
 
 
-def timeout_seconds(timeout: float | timedelta) -> float:
+def timeout_seconds(timeout: float | timedelta, name: str = "timeout") -> float:
     """Seconds in a ``timeout=`` argument: a positive number of seconds or a timedelta.
 
     The one converter for every ``timeout=`` unidist takes (``UNIDIST_TIMEOUT`` is read above).
+
+    Args:
+        timeout: the value given.
+        name: the keyword it was given as, for the message (``stop_timeout``, say).
 
     Raises:
         ConfigurationError: zero, a negative value, or not a number.
@@ -109,7 +113,7 @@ def timeout_seconds(timeout: float | timedelta) -> float:
     seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
     if not isinstance(seconds, int | float) or not seconds > 0:
         raise ConfigurationError(
-            f"timeout={timeout!r} must be a positive number of seconds or a timedelta."
+            f"{name}={timeout!r} must be a positive number of seconds or a timedelta."
         )
     return float(seconds)
 
