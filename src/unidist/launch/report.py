@@ -132,8 +132,9 @@ class Report:
             if culprit is None:
                 failed = [o for o in report.outcomes if o.status not in ("ok", "stopped")]
                 culprit = failed[0] if failed else None
+            sigterm = 128 + signal.SIGTERM  # "crashed": the launcher's own SIGTERM is "stopped"
             if report.resized and (
-                culprit is None or culprit.detail.startswith("killed by SIGTERM (not by")
+                culprit is None or (culprit.status, culprit.exit_code) == ("crashed", sigterm)
             ):
                 # No failure, or a SIGTERM the launcher did not send, and the next start has
                 # another world size: torch's agent stops every rank with SIGTERM when a node

@@ -98,8 +98,9 @@ class Run:
         with self._lock:
             index = len(self.starts)
             previous = self.starts[-1] if self.starts else None
+        shared = next(iter(envs.values()), {})  # what every rank of the start has alike
         if previous is not None:
-            self._remember(previous, int(next(iter(envs.values()), {}).get("WORLD_SIZE", "0")))
+            self._remember(previous, int(shared.get("WORLD_SIZE", "0")))
             records.release_left(self.events)  # the rooms its killed ranks kept
         self.release()
         slots: dict[int, Slot] = {}
@@ -137,11 +138,10 @@ class Run:
                         continue  # --logs-specs sent it to this console directly
                     if plan.console.shows(slot.rank, slot.local_rank, stream):
                         self.console.follow(path, stream, prefix)
-        env = next(iter(envs.values()), {})
         generation = "{}-{}:{}".format(
-            env.get("TORCHELASTIC_RESTART_COUNT", "0"),
-            env.get("MASTER_ADDR", ""),
-            env.get("MASTER_PORT", ""),
+            shared.get("TORCHELASTIC_RESTART_COUNT", "0"),
+            shared.get("MASTER_ADDR", ""),
+            shared.get("MASTER_PORT", ""),
         )
         with self._lock:
             self.rounds[index] = generation
