@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -409,6 +410,10 @@ def _load(workdir: str, rank: int, exitcode: int | None) -> _Outcome:
 
 def _worker(job: _Job) -> None:
     """Entry point of each rank's process."""
+    # Everything the fork server imported (torch, the frameworks) is long-lived: keep it out of
+    # the collector, so a rank's gc.collect() (finalize calls one on torch < 2.8) scans only what
+    # the test made, and does not copy the server's pages by touching them.
+    gc.freeze()
     os.setpgrp()  # own process group: killing it takes DataLoader workers along
     die_with_parent()  # if the fork server (its parent) dies
     job.lifeline.watch(job.workdir)  # if the caller dies
