@@ -51,13 +51,18 @@ def test_it_checks_its_arguments_as_torch_does(bad: dict[str, object]) -> None:
     assert str(ours.value) == str(theirs.value)
 
 
-def test_a_state_saved_between_batches_resumes_at_the_next_batch() -> None:
-    length, size = 4 * CHUNK + 100, 64  # 32,818 per rank: 300 batches end inside chunk 2
+# 32,818 reads per rank. 64 divides a chunk: 300 batches end inside chunk 2. 100 does not, so
+# batches straddle chunks; 165 of them end inside chunk 2, and 329 end in the last, short batch.
+@pytest.mark.parametrize(("size", "taken_batches"), [(64, 300), (100, 165), (100, 329)])
+def test_a_state_saved_between_batches_resumes_at_the_next_batch(
+    size: int, taken_batches: int
+) -> None:
+    length = 4 * CHUNK + 100
     whole = unidist.DistributedSampler(length, world_size=2, rank=0, order="fast", seed=3)
     expected = list(itertools.chain.from_iterable(unidist.BatchSampler(whole, size, False)))
     sampler = unidist.DistributedSampler(length, world_size=2, rank=0, order="fast", seed=3)
     batches = iter(unidist.BatchSampler(sampler, size, False))
-    taken = list(itertools.chain.from_iterable(itertools.islice(batches, 300)))  # past a chunk
+    taken = list(itertools.chain.from_iterable(itertools.islice(batches, taken_batches)))
     state = sampler.state_dict()
     resumed = unidist.DistributedSampler(length, world_size=2, rank=0, order="fast", seed=3)
     resumed.load_state_dict(state)

@@ -193,9 +193,13 @@ class DistributedSampler(PassSampler):
         return TableOrder(self._table[1])
 
     def _chunks(self, epoch: int, share: Share) -> Iterator[list[Any]]:
+        for chunk in self._array_chunks(epoch, share):
+            yield chunk.tolist()
+
+    def _array_chunks(self, epoch: int, share: Share) -> Iterator[npt.NDArray[np.int64]]:
         order, count = self._global_order(epoch), share.count
         for lo in range(0, count, CHUNK):
-            yield order(share.positions(lo, min(count, lo + CHUNK))).tolist()
+            yield order(share.positions(lo, min(count, lo + CHUNK)))
 
     def pass_indices(self, limit: int | None = None) -> npt.NDArray[np.int64]:
         """Dataset indices of this rank's current (or last) pass, as a numpy array.

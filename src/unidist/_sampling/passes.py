@@ -18,13 +18,17 @@ import itertools
 import operator
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
 from unidist import ranks
 from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "LIMIT",
@@ -95,6 +99,7 @@ class _Pass:
         "loader_consumed",
         "loader_done",
         "share",
+        "unit",
     )
 
     def __init__(self, epoch: int, share: Share) -> None:
@@ -103,6 +108,7 @@ class _Pass:
         self.base = 0  # reads handed out before the current chunk
         self.chunk = 0  # length of the current chunk
         self.it: Iterator[Any] | None = None  # the current chunk's list iterator
+        self.unit = 1  # reads per item of that list: 1 for indices, the batch size for batches
         self.exhausted = False
         self.loader_consumed: int | None = None  # reported by StatefulDataLoader
         self.loader_done = False
@@ -111,7 +117,14 @@ class _Pass:
         if self.exhausted:
             return self.share.count
         left = operator.length_hint(self.it) if self.it is not None else 0
-        return self.base + self.chunk - left
+        return self.base + (self.chunk - left) * self.unit
+
+    def follow(self, items: list[Any], unit: int) -> Iterator[Any]:
+        """Hand out ``items`` next, ``unit`` reads each; kept so :meth:`yielded` can count."""
+        self.base += self.chunk * self.unit
+        self.chunk, self.unit = len(items), unit
+        self.it = iter(items)
+        return self.it
 
 
 class PassSampler(_TorchDistributedSampler[int]):
@@ -169,6 +182,10 @@ class PassSampler(_TorchDistributedSampler[int]):
     def _chunks(self, epoch: int, share: Share) -> Iterator[list[Any]]:
         """This rank's reads of one pass, in order, as lists."""
         raise NotImplementedError
+
+    def _array_chunks(self, epoch: int, share: Share) -> Iterator[npt.NDArray[np.int64]] | None:
+        """This rank's reads as int64 arrays, where they are plain indices (else None)."""
+        return None
 
     def _identity(self) -> dict[str, Any]:
         """Settings that define the global order; a state from other settings is refused."""
@@ -236,39 +253,47 @@ class PassSampler(_TorchDistributedSampler[int]):
     def batches(self, batch_size: int, drop_last: bool) -> Iterator[list[Any]]:
         """This pass as lists of ``batch_size`` indices: what ``BatchSampler(self, ...)`` yields.
 
-        The same batches as torch's ``BatchSampler`` over this sampler, sliced from each chunk
-        (in C) instead of one Python step per index. What was handed out is counted per batch,
-        so :meth:`state_dict` between batches resumes at the next one.
+        The same batches as torch's ``BatchSampler`` over this sampler, cut a chunk at a time:
+        a chunk of plain indices becomes its rows of Python ints in one numpy call, and the
+        batches flow through C iterators, so Python runs once per chunk, not once per batch.
+        What was handed out is counted per batch, so :meth:`state_dict` between batches
+        resumes at the next one.
         """
+        # Lazy like __iter__: the pass begins when the first batch is drawn.
+        return itertools.chain.from_iterable(self._batch_runs(batch_size, drop_last))
+
+    def _batch_runs(self, size: int, drop_last: bool) -> Iterator[Iterator[list[Any]]]:
         record = self._begin()
-        record.chunk, record.it = 0, None  # yielded() is then the count of handed-out indices
-        carry: list[Any] = []
-        for chunk in self._chunks(record.epoch, record.share):
-            start = 0
-            if carry:
-                start = batch_size - len(carry)
-                carry += chunk[:start]
-                if len(carry) < batch_size:
-                    continue
-                record.base += batch_size
-                yield carry
-            full = start + (len(chunk) - start) // batch_size * batch_size
-            for lo in range(start, full, batch_size):
-                record.base += batch_size
-                yield chunk[lo : lo + batch_size]
-            carry = chunk[full:]
-        if carry and not drop_last:
-            record.base += len(carry)
-            yield carry
+        arrays = self._array_chunks(record.epoch, record.share)
+        tail: list[Any]
+        if arrays is not None:
+            carry: npt.NDArray[np.int64] | None = None
+            for chunk in arrays:
+                if carry is not None and len(carry):
+                    chunk = np.concatenate((carry, chunk))
+                full = len(chunk) // size * size
+                carry = chunk[full:]
+                if full:
+                    yield record.follow(chunk[:full].reshape(-1, size).tolist(), size)
+            tail = [] if carry is None else carry.tolist()
+        else:
+            tail = []
+            for items in self._chunks(record.epoch, record.share):
+                if tail:
+                    items = tail + items
+                full = len(items) // size * size
+                tail = items[full:]
+                if full:
+                    rows = [items[lo : lo + size] for lo in range(0, full, size)]
+                    yield record.follow(rows, size)
+        if tail and not drop_last:
+            yield record.follow([tail], len(tail))
         record.exhausted = True
 
     def _iterate(self) -> Iterator[Iterator[Any]]:
         record = self._begin()
         for chunk in self._chunks(record.epoch, record.share):
-            record.base += record.chunk
-            record.chunk = len(chunk)
-            record.it = iter(chunk)  # kept, so that yielded() can ask how much of it is left
-            yield record.it
+            yield record.follow(chunk, 1)
         record.exhausted = True
 
     def _begin(self) -> _Pass:
