@@ -72,7 +72,21 @@ _NEEDS = {
         "iproute2 (ip netns) and util-linux (unshare)",
     ),
 }
-_ALLOWED = pytest.StashKey[str]()
+#: The user property that names the need a marker's skip stands for. A report carries its
+#: item's user properties to the process that tallies skips (pytest-xdist's controller, which
+#: has no items), so the check works with and without workers.
+_SKIPPED_FOR = "unidist-skipped-for"
+#: Where a test file's tests start in the run: the long ones first, so that pytest-xdist's
+#: workers, which start at the front and steal from each other's tails, end together instead
+#: of waiting on a long test that started last. A file not listed comes after these (0).
+_FIRST = {
+    "tests/test_bench.py": -3,
+    "tests/launch/test_elastic.py": -3,
+    "tests/test_launchers.py": -2,
+    "tests/test_examples.py": -2,
+    "tests/launch/test_frameworks_and_spawn.py": -1,
+    "tests/_comm/test_control.py": -1,
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -95,16 +109,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 met[marker] = check()
             if not met[marker]:
                 item.add_marker(pytest.mark.skip(reason=reason))
-                item.stash[_ALLOWED] = marker
+                item.user_properties.append((_SKIPPED_FOR, marker))
                 break
+    items.sort(key=lambda item: _FIRST.get(item.nodeid.partition("::")[0], 0))  # stable
 
 
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
-    if call.excinfo is None or not call.excinfo.errisinstance(pytest.skip.Exception):
-        return
-    allowed = _allowed(item.config)
-    if allowed is not None and item.stash.get(_ALLOWED, None) not in allowed:
-        _unexpected_skips(item.config).append(f"{item.nodeid}: {call.excinfo.value}")
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SkipTally(config), "unidist-skip-tally")
+
+
+class _SkipTally:
+    """Counts the skips ``--allow-skips`` does not allow, from the reports of every test."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if not report.skipped or hasattr(report, "wasxfail"):
+            return
+        allowed = _allowed(self.config)
+        if allowed is not None and dict(report.user_properties).get(_SKIPPED_FOR) not in allowed:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+            text = str(reason).removeprefix("Skipped: ")
+            _unexpected_skips(self.config).append(f"{report.nodeid}: {text}")
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,54 @@ def test_tests_mirror_the_source_tree() -> None:
                 "test in WHOLE_LIBRARY"
             )
     assert wrong == [], "\n".join(wrong)
+
+
+# -- the suite's own rules (tests/conftest.py), with pytest-xdist's workers as without them ----
+# scripts/test runs the suite on several workers; the skips --allow-skips does not allow are
+# tallied from the reports, which reach the controller, so a worker cannot hide one.
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+TESTS = """
+import pytest
+
+@pytest.mark.gpu
+def test_needs_a_gpu():
+    pass
+
+def test_skips_itself():
+    pytest.skip("no good reason")
+
+@pytest.mark.xfail(strict=True)
+def test_fails_as_expected():
+    assert False
+
+def test_passes():
+    pass
+"""
+
+
+def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--allow-skips", "gpu", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("workers", ["0", "2"])
+def test_a_skip_that_is_not_allowed_fails_the_run_with_or_without_workers(
+    tmp_path: Path, workers: str
+) -> None:
+    shutil.copy(CONFTEST, tmp_path / "conftest.py")
+    (tmp_path / "test_some.py").write_text(TESTS)
+    failed = _run(tmp_path, "-n", workers)
+    assert failed.returncode == 1, failed.stdout + failed.stderr
+    assert "skips that --allow-skips does not allow" in failed.stdout
+    assert "test_some.py::test_skips_itself: no good reason" in failed.stdout
+    assert "test_needs_a_gpu:" not in failed.stdout  # a marker's skip is allowed (or it ran)
+    assert "test_fails_as_expected:" not in failed.stdout  # an xfail is not a skip
+    passed = _run(tmp_path, "-n", workers, "-k", "not skips_itself")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "does not allow" not in passed.stdout
