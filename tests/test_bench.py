@@ -22,6 +22,7 @@ BENCHMARKS = {
     "collectives": ([], "unidist us"),
     "control_scale": ([], "new/old"),
     "gpu_microbatch": ([], "RESULT: PASS"),
+    "harness": ([], "x run_distributed"),
     "import_time": (PEERS, "import unidist"),
     "launch": (PEERS, "failure -> exit s"),
     "microbatch": ([], "Retries until the size settles"),
