@@ -15,15 +15,23 @@ machine hits all alike:
   itself (no results come back, which favours it).
 * Ignite's ``idist.Parallel(backend="gloo", nproc_per_node=2)``: spawned ranks as well.
 
+A call that has not finished after 60 s is counted as hung and its processes are killed: torch
+2.7's gloo destructor can deadlock in ``destroy_process_group`` (pytorch PR #154976), which the
+peers call as they leave (``run_distributed`` bounds its ranks' teardown itself).
+
 Goal (issue 19): at most 0.3 s per 2-rank call of ``run_distributed``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import logging
+import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from importlib.util import find_spec
@@ -33,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _util import free_port, median, table
 
 GOAL_SECONDS = 0.3
+HANG_SECONDS = 60.0
 WARM_CALLS = 3  # run_distributed calls per round, after the first one of the run
 
 
@@ -90,10 +99,35 @@ def call_ignite() -> None:
         parallel.run(with_ignite)
 
 
-def timed(call: Callable[[], None]) -> float:
+def timed(call: Callable[[], None]) -> float | None:
+    """Seconds the call took; None if it hung (its processes are then killed)."""
+    import psutil
+
+    def kill_children() -> None:
+        for child in psutil.Process().children(recursive=True):
+            if child.pid != forkserver:  # run_distributed's fork server serves the next call
+                with contextlib.suppress(OSError):
+                    os.kill(child.pid, signal.SIGKILL)
+
+    forkserver = _forkserver_pid()
+    watchdog = threading.Timer(HANG_SECONDS, kill_children)
+    watchdog.start()
     start = time.perf_counter()
-    call()
+    try:
+        call()
+    except Exception:
+        if watchdog.is_alive():
+            raise  # a real failure, not a hang
+        return None
+    finally:
+        watchdog.cancel()
     return time.perf_counter() - start
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(forkserver._forkserver, "_forkserver_pid", None)
 
 
 def main() -> int:
@@ -107,20 +141,28 @@ def main() -> int:
     if find_spec("ignite") is not None:
         peers["ignite idist.Parallel"] = call_ignite
     first = timed(call_unidist)  # starts the fork server: a cost paid once per test session
-    times: dict[str, list[float]] = {"unidist run_distributed": [], **{name: [] for name in peers}}
+    names = ["unidist run_distributed", *peers]
+    times: dict[str, list[float | None]] = {name: [] for name in names}
     for _ in range(rounds):
         for _ in range(WARM_CALLS):
-            times["unidist run_distributed"].append(timed(call_unidist))
+            times[names[0]].append(timed(call_unidist))
         for name, call in peers.items():
             times[name].append(timed(call))
-    ours = median(times["unidist run_distributed"])
+    done = {name: [t for t in values if t is not None] for name, values in times.items()}
+    ours = median(done[names[0]])
     rows = [
-        [name, f"{median(values):.3f}", f"{median(values) / ours:.1f}x", len(values)]
-        for name, values in times.items()
+        [
+            name,
+            f"{median(done[name]):.3f}" if done[name] else "-",
+            f"{median(done[name]) / ours:.1f}x" if done[name] else "-",
+            len(times[name]),
+            len(times[name]) - len(done[name]),
+        ]
+        for name in names
     ]
     print(f"2 gloo ranks per call; {rounds} round(s), contenders interleaved")
-    print(table(["contender", "s per call", "x run_distributed", "calls"], rows))
-    print(f"run_distributed's first call (starts its fork server): {first:.2f} s")
+    print(table(["contender", "s per call", "x run_distributed", "calls", "hung"], rows))
+    print(f"run_distributed's first call (starts its fork server): {first or 0:.2f} s")
     verdict = "met" if ours <= GOAL_SECONDS else "NOT met"
     print(f"goal: run_distributed at most {GOAL_SECONDS} s per call: {ours:.3f} s ({verdict})")
     return 0

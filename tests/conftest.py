@@ -76,9 +76,10 @@ _NEEDS = {
 #: item's user properties to the process that tallies skips (pytest-xdist's controller, which
 #: has no items), so the check works with and without workers.
 _SKIPPED_FOR = "unidist-skipped-for"
-#: Where a test file's tests start in the run: the long ones first, so that pytest-xdist's
-#: workers, which start at the front and steal from each other's tails, end together instead
-#: of waiting on a long test that started last. A file not listed comes after these (0).
+#: Where a test file's tests start in the run: the long ones first. pytest-xdist's load
+#: scheduling (scripts/test) deals the first quarter of the tests out one by one in turn, so the
+#: long ones start at once on every worker, instead of one of them starting last and keeping
+#: the run waiting. A file not listed comes after these (0).
 _FIRST = {
     "tests/test_bench.py": -3,
     "tests/launch/test_elastic.py": -3,
