@@ -76,18 +76,6 @@ _NEEDS = {
 #: item's user properties to the process that tallies skips (pytest-xdist's controller, which
 #: has no items), so the check works with and without workers.
 _SKIPPED_FOR = "unidist-skipped-for"
-#: Where a test file's tests start in the run: the long ones first. pytest-xdist's load
-#: scheduling (scripts/test) deals the first quarter of the tests out one by one in turn, so the
-#: long ones start at once on every worker, instead of one of them starting last and keeping
-#: the run waiting. A file not listed comes after these (0).
-_FIRST = {
-    "tests/test_bench.py": -3,
-    "tests/launch/test_elastic.py": -3,
-    "tests/test_launchers.py": -2,
-    "tests/test_examples.py": -2,
-    "tests/launch/test_frameworks_and_spawn.py": -1,
-    "tests/_comm/test_control.py": -1,
-}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,7 +100,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
                 item.user_properties.append((_SKIPPED_FOR, marker))
                 break
-    items.sort(key=lambda item: _FIRST.get(item.nodeid.partition("::")[0], 0))  # stable
 
 
 def pytest_configure(config: pytest.Config) -> None:
