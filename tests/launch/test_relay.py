@@ -198,3 +198,80 @@ def test_a_stopped_store_host_costs_a_deadline_not_a_hang(monkeypatch: pytest.Mo
             assert time.monotonic() - started < 2 * relay.DEADLINE + 1.5
         finally:
             host.kill()
+
+
+# -- lost nodes: a launcher that dies with its ranks says nothing; its beat stops ---------------
+
+
+def test_the_watched_beat_counts_silence_on_the_watchers_own_clock() -> None:
+    watch = relay._Watch(me=2, nodes=4, now=100.0)
+    assert watch.node == 3  # the next node, wrapping round
+    assert watch.silent(5, 100.0) == 0
+    assert watch.silent(5, 100.5) == 0.5
+    assert watch.silent(6, 101.0) == 0  # it moved
+    assert watch.silent(6, 101.5) == 0.5
+    # The watcher itself was held up for a minute: it starts counting again, not blaming node 3.
+    assert watch.silent(6, 161.5) == 0
+    watch.skip()
+    assert watch.node == 0
+    watch.skip()
+    watch.skip()
+    assert watch.node == 2  # every other node left: it watches itself, which means nothing
+
+
+LONE_RELAY = """
+import sys, time
+from unidist.launch.relay import Relay
+one = Relay("127.0.0.1", int(sys.argv[1]), "job")
+one.round(sys.argv[2], world_size=4, nproc=2, node_rank=1)
+one.start()
+print("beating", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_node_whose_launcher_dies_is_published_as_lost(store_port: int) -> None:
+    import subprocess
+    import sys
+
+    a = Relay("127.0.0.1", store_port, "job", lost=2.0)
+    a.round(ROUND, world_size=4, nproc=2, node_rank=0)
+    a.start()
+    other = subprocess.Popen(
+        [sys.executable, "-c", LONE_RELAY, str(store_port), ROUND],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None
+        assert other.stdout.readline() == "beating\n"
+        time.sleep(a.lost + 1)  # alive and beating: never taken for lost
+        assert a.received() is None
+        other.kill()  # SIGKILL: it says nothing
+        killed = time.monotonic()
+        found = received(a, a.lost + 5)
+        assert found is not None
+        assert (found.kind, found.rank, found.node_rank) == ("lost", 2, 1)
+        assert "node 1 went away" in found.detail
+        assert "node 0" in found.detail
+        assert time.monotonic() - killed < a.lost + 2
+    finally:
+        other.kill()
+        other.communicate()
+        a.stop()
+
+
+def test_a_node_that_leaves_or_moves_on_is_not_lost(store_port: int) -> None:
+    a, b, c = (Relay("127.0.0.1", store_port, "job", lost=1.5) for _ in range(3))
+    for node, one in enumerate((a, b, c)):
+        one.round(ROUND, world_size=6, nproc=2, node_rank=node)
+        one.start()
+    try:
+        time.sleep(1)
+        b.stop()  # node 1 is done: node 0 watches node 2 from now on
+        c.round("1-10.0.0.1:1234", world_size=6, nproc=2, node_rank=2)  # node 2: a new round
+        time.sleep(a.lost + 2)
+        assert a.received() is None
+    finally:
+        for one in (a, b, c):
+            one.stop()

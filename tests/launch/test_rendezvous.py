@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,10 @@ from tests.launch.helpers import (
     assert_nothing_left,
     c10d,
     free_port,
+    pids_of,
+    printed,
     run_folder,
+    run_folders,
     start_launch,
 )
 
@@ -63,3 +68,65 @@ def test_an_elastic_job_takes_in_a_node_that_joins_later(tmp_path: Path) -> None
     assert together.count("total 3.0") == 2
     assert_nothing_left(tmp_path / "first")
     assert_nothing_left(tmp_path / "second")
+
+
+STORE_HOST = """
+import sys
+import torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_node_that_dies_with_its_launcher_is_named_within_seconds(tmp_path: Path) -> None:
+    # Node B's host goes down (its launcher SIGKILLed, its rank with it): nothing reports it, and
+    # node A's rank waits for B's rank in a store barrier (300 s), not in a collective whose
+    # socket would close. A's launcher notices that B stopped beating, in torch's keep-alive
+    # time (here 1 s x 3), and stops the job naming the node. The store lives in a third
+    # process, so either launcher can be the one that dies.
+    with subprocess.Popen(
+        [sys.executable, "-c", STORE_HOST],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as store:
+        assert store.stdout is not None
+        port = int(store.stdout.readline())
+        conf = ["--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"]
+        nodes = [
+            start_launch(
+                *c10d(port, "2", tmp_path / f"node{i}", *conf), "-n", "1", JOB, "storewait"
+            )
+            for i in (0, 1)
+        ]
+        try:
+            wait_for(
+                lambda: (
+                    all(run_folders(tmp_path / f"node{i}") for i in (0, 1))
+                    and all(pids_of(tmp_path / f"node{i}") for i in (0, 1))
+                ),
+                120,
+                "both nodes' ranks",
+            )
+            holds_rank_1 = [
+                bool(list((tmp_path / f"node{i}").glob("*/.events/start-*-r1.json")))
+                for i in (0, 1)
+            ]
+            dies, lives = (nodes[0], nodes[1]) if holds_rank_1[0] else (nodes[1], nodes[0])
+            wait_for(lambda: printed(tmp_path / f"node{nodes.index(lives)}", 0), 60, "rank 0")
+            dies.kill()
+            killed = time.monotonic()
+            _, err = lives.communicate(timeout=120)
+            took = time.monotonic() - killed
+        finally:
+            for node in nodes:
+                node.kill()
+                node.communicate()
+            store.kill()
+    assert lives.returncode != 0
+    summary = err[err.find("unidist launch:") :]
+    print(summary)
+    assert "culprit: rank 1 and the other ranks of node 1: node 1 went away" in summary, summary
+    assert took < 60, f"the job took {took:.0f} s to stop; its barrier's timeout is 300 s"
+    assert_nothing_left(tmp_path / f"node{nodes.index(lives)}")

@@ -16,6 +16,7 @@ import pytest
 from unidist.launch.plan import LaunchPlan
 from unidist.launch.records import Slot, Start
 from unidist.launch.report import (
+    RankOutcome,
     analyse,
     check_logs,
     exit_code_of,
@@ -290,3 +291,24 @@ def test_a_start_stopped_for_new_members_is_not_called_a_failure(
     earlier.resized = None  # the same world size: a SIGTERM from elsewhere stays a failure
     if exit_seen:
         assert "attempt 0 failed: rank 0 (local rank 0) on h: killed by SIGTERM" in report.format()
+
+
+def test_a_lost_node_is_the_culprit_and_its_logs_are_not_here(tmp_path: Path) -> None:
+    start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
+    seen = observed(stopped={0: 5, 1: 5}, gone={0: 6, 1: 6}, status={0: -15, 1: -15})
+    went = "node 1 went away: its launcher stopped answering"
+    seen.remote = RankOutcome(2, 0, "node 1", "lost", went, None, 4, Path(), Path(), remote=True)
+    report = analyse(start, tmp_path / ".events", {}, seen, PLAN)
+    assert (report.culprit, report.exit_code) == (seen.remote, 1)
+    text = report.format()
+    assert f"  culprit: rank 2 and the other ranks of node 1: {went}\n" in text
+    assert "      its ranks' logs are on its host, in its launcher's log folder\n" in text
+    last = start_with(tmp_path, {"start:0": {}, "start:1": {}, "done:0": {}, "done:1": {}}, 1)
+    later = analyse(
+        last, tmp_path / ".events", {}, observed(gone={0: 1, 1: 1}, status={0: 0, 1: 0}), PLAN
+    )
+    later.earlier = [report]
+    assert later.format() == (
+        "unidist launch: all 2 ranks succeeded after 1 restart(s); attempt 0 failed: rank 2 "
+        f"and the other ranks of node 1: {went}.\n"
+    )

@@ -5,7 +5,7 @@ keeps running after the job is done), flaky (rank 1 raises on the first attempt 
 (rank 1 leaves with os._exit(0) while rank 0 still saves a checkpoint to $CHECKPOINT),
 closedout (rank 1 closes its stdout, then exits with code 5), grow (a world of one waits to be
 restarted by torch's agent when a second node joins), flood (rank 1 prints until its log's disk
-is full).
+is full), storewait (rank 0 waits in a store barrier for rank 1, which sleeps).
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ if mode == "grow" and unidist.get_world_size() == 1:
     time.sleep(300)  # until a second node joins and torch's agent restarts this one
 if mode == "hang" and rank == 0:
     time.sleep(300)  # never reaches the all_reduce below
-if mode == "wait":
+if mode == "wait" or (mode == "storewait" and rank == 1):
     time.sleep(300)
+if mode == "storewait" and rank == 0:
+    unidist.barrier(timeout=300)  # through the store: no peer's socket closes to end it
 total = unidist.all_reduce(torch.tensor([rank + 1.0])).item()
 print(f"rank {rank} total {total}", flush=True)
 unidist.finalize()

@@ -14,7 +14,16 @@ timeout in a collective) and their launcher then blames one of its own ranks. Wi
 * each launcher that has seen the record says so (one ``add``); a launcher leaving after a
   failure waits, up to ``LINGER`` seconds, until every node has, because the store lives in one of
   the launchers (node 0's for the static rendezvous, the endpoint host's for c10d) and goes with
-  it.
+  it;
+* a node whose launcher dies with its ranks (a host that goes down, a launcher killed by SIGKILL)
+  reports nothing, and a rank of another node waiting for one of its ranks through the store
+  (``unidist.barrier(timeout=...)``, a checkpoint's barrier) would wait out its whole timeout,
+  minutes. So each launcher also beats (one ``add`` per poll) and watches one other node's beat,
+  the next node's that has not left (O(1) per launcher): a beat that stood still for the
+  rendezvous keep-alive (``LOST`` seconds unless torch's c10d settings say otherwise) of the
+  watcher's own polling makes the watcher publish that node as the culprit, kind ``lost``, and
+  every node stops its ranks as for any other failure. A launcher that leaves on its own, or
+  moves on to the next round, says so first, so that it is never taken for lost.
 
 The store is torch's: the static rendezvous's ``TCPStore`` on ``--master-addr`` or the c10d
 rendezvous's at ``--rdzv-endpoint`` (other backends: no relay). The relay opens a client of its
@@ -49,10 +58,16 @@ POLL = 0.5
 DEADLINE = 2.0
 #: Seconds a failed launcher waits for the others to have seen the culprit before it leaves.
 LINGER = 5.0
-#: Kinds of failure: the rank's own fault, then the waits that another rank's fault caused.
-OWN = ("raised", "crashed")
+#: Seconds a node's beat may stand still before the node watching it publishes it as lost, unless
+#: told otherwise: torch's c10d rendezvous keep-alive (``keep_alive_interval`` x
+#: ``keep_alive_max_attempt``, 5 s x 3 by default), generous: a loaded launcher still beats.
+LOST = 15.0
+#: Kinds of failure: the rank's own fault (or its node's), then the waits another rank caused.
+OWN = ("raised", "crashed", "lost")
 WAITED = ("timeout", "collateral")
 _MAX_RECORD = 8192
+#: What a launcher adds to its beat when it leaves the round: the count says "left", not "lost".
+_LEFT = 1 << 40
 _MAX_TEXT = 600
 _MAX_PATH = 4096
 
@@ -124,6 +139,55 @@ def decode(raw: bytes | str, world_size: int, nproc: int) -> Failure | None:
     return Failure(**data) if all(checks) else None
 
 
+def lost(node: int, nproc: int, silent: float, watcher: int) -> Failure:
+    """The record of node ``node``, whose beat node ``watcher`` saw stand still ``silent`` s."""
+    return Failure(
+        rank=node * nproc,
+        local_rank=0,
+        node_rank=node,
+        host=f"node {node}",
+        kind="lost",
+        detail=(
+            f"node {node} went away: its launcher stopped answering (no beat on the rendezvous "
+            f"store for {silent:.0f} s, seen by the launcher of node {watcher} on "
+            f"{socket.gethostname()[:100]}); its host went down or its launcher was killed"
+        )[:_MAX_TEXT],
+        exit_code=None,
+        time_ns=time.time_ns(),
+        stdout="",
+        stderr="",
+    )
+
+
+class _Watch:
+    """One launcher's view of the node it watches: which node, and since when its beat stood."""
+
+    def __init__(self, me: int, nodes: int, now: float) -> None:
+        self._me, self._nodes = me, nodes
+        self.node = (me + 1) % nodes
+        self._count: int | None = None
+        self._since = now  # when the count last moved (or watching began)
+        self._looked = now
+
+    def skip(self) -> None:
+        """The watched node left: follow the next one (this launcher's own node ends it)."""
+        self.node = (self.node + 1) % self._nodes
+        self._count = None
+
+    def silent(self, count: int, now: float) -> float:
+        """Seconds the beat has stood still, given that it reads ``count`` now.
+
+        Counted on this launcher's own clock, and only across looks that came on time: a
+        watcher that was itself held up (a stopped process, a swapping host) starts counting
+        again instead of blaming the other node for its own absence.
+        """
+        late = now - self._looked > POLL + 2 * DEADLINE
+        self._looked = now
+        if count != self._count or late:
+            self._count, self._since = count, now
+        return now - self._since
+
+
 class Relay(threading.Thread):
     """Publishes this node's culprit and watches for another node's, on the rendezvous store.
 
@@ -132,8 +196,9 @@ class Relay(threading.Thread):
     thread, so a slow or vanished store never delays the watchdog.
     """
 
-    def __init__(self, host: str, port: int, run_id: str) -> None:
+    def __init__(self, host: str, port: int, run_id: str, lost: float = LOST) -> None:
         super().__init__(name="unidist-launch-relay", daemon=True)
+        self.lost = lost  # seconds of a still beat that make a node lost
         self._address = (host, port)
         self._prefix = f"unidist/launch/{run_id}"
         self._lock = threading.Lock()
@@ -146,16 +211,21 @@ class Relay(threading.Thread):
         self._published = threading.Event()
         self._received: tuple[str, Failure] | None = None
         self._acked: str | None = None
+        self._node = 0  # this launcher's node rank in the round
+        self._beating: str | None = None  # the round whose beat this launcher keeps
+        self._watch: _Watch | None = None  # the other node's beat this launcher follows
         self.errors = 0  # failed round trips, for the curious
 
     # -- the watchdog's side -------------------------------------------------------------------
 
-    def round(self, generation: str, world_size: int, nproc: int) -> None:
-        """Follow the rendezvous round ``generation`` from now on (forgetting the last one's)."""
+    def round(self, generation: str, world_size: int, nproc: int, node_rank: int = 0) -> None:
+        """Follow the rendezvous round ``generation`` from now on (forgetting the last one's);
+        this launcher is node ``node_rank`` of it."""
         with self._lock:
             if self._round is not None and self._round[0] == generation:
                 return
             self._round = (generation, world_size, nproc)
+            self._node = node_rank
             self._pending, self._received, self._acked = None, None, None
             self._published.clear()
         self._wake.set()
@@ -219,10 +289,14 @@ class Relay(threading.Thread):
                 settled = self._received is not None and self._received[1].own
             if current is None:
                 continue
+            self._beat(current)
             if pending is not None:
                 self._send(current, pending)
             elif not settled:
                 self._look(current)
+                self._follow(current)
+        if self._beating is not None:  # leaving: not to be taken for lost
+            self._add(self._key(self._beating, f"beat/{self._node}"), _LEFT)
         self._store = None
 
     def _key(self, generation: str, name: str) -> str:
@@ -253,6 +327,32 @@ class Relay(threading.Thread):
             self.errors += 1
             self._store = None
             return None
+
+    def _beat(self, current: tuple[str, int, int]) -> None:
+        """One beat of this launcher in round ``current`` (having left the round before)."""
+        if self._beating != current[0]:
+            if self._beating is not None:
+                self._add(self._key(self._beating, f"beat/{self._node}"), _LEFT)
+            self._beating, self._watch = current[0], None
+        self._add(self._key(current[0], f"beat/{self._node}"), 1)
+
+    def _follow(self, current: tuple[str, int, int]) -> None:
+        """Read the watched node's beat; publish that node as lost if it stood still too long."""
+        nodes = current[1] // current[2]
+        if self._watch is None:
+            self._watch = _Watch(self._node, nodes, time.monotonic())
+        node = self._watch.node
+        if node == self._node:
+            return  # every other node left (or there is none)
+        count = self._add(self._key(current[0], f"beat/{node}"), 0)
+        if count is None:
+            return  # no answer: nothing learnt either way
+        if count >= _LEFT:
+            self._watch.skip()  # it left: watch the next one
+            return
+        silent = self._watch.silent(count, time.monotonic())
+        if silent >= self.lost:
+            self.publish(lost(node, current[2], silent, self._node))
 
     def _send(self, current: tuple[str, int, int], failure: Failure) -> None:
         key, value = self._key(current[0], "failed"), encode(failure)

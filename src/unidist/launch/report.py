@@ -58,7 +58,7 @@ class RankOutcome:
     rank: int
     local_rank: int
     host: str
-    status: str  # ok | raised | crashed | hung | collateral | timeout | stopped
+    status: str  # ok | raised | crashed | hung | collateral | timeout | stopped | lost (a node)
     detail: str
     exit_code: int | None
     time_ns: int | None
@@ -151,14 +151,17 @@ class Report:
                     "(another node failed, or the nodes changed)"
                 )
                 continue
+            log = "" if culprit.status == "lost" else f" (log: {culprit.stderr})"  # not here
             parts.append(
-                f"attempt {attempt} failed: {_describe(culprit)} (log: {culprit.stderr})"
+                f"attempt {attempt} failed: {_describe(culprit)}{log}"
                 + (f"; {culprit.log_error}" if culprit.log_error else "")
             )
         return "; ".join(parts)
 
 
 def _describe(o: RankOutcome) -> str:
+    if o.status == "lost":  # a whole node, named by the launcher that watched it
+        return f"rank {o.rank} and the other ranks of {o.host}: {o.detail}"
     code = "" if o.exit_code is None else f", exit code {o.exit_code}"
     told = f" (reported by the launcher on {o.host})" if o.remote else ""
     return f"rank {o.rank} (local rank {o.local_rank}) on {o.host}: {o.detail}{code}{told}"
@@ -229,6 +232,8 @@ def _check_logs(o: RankOutcome, probed: dict[Path, str | None]) -> None:
 
 
 def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
+    if o.status == "lost":
+        return ["      its ranks' logs are on its host, in its launcher's log folder"]
     if o.remote:
         return [f"      full logs on {o.host}: {o.stderr}", f"                 {o.stdout}"]
     text = _read(o.stderr)

@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +286,10 @@ class _Watchdog(threading.Thread):
             if self.relay is not None:
                 slot = next(iter(start.slots.values()))
                 self.relay.round(
-                    self.run_.rounds[start.index], slot.world_size, self.run_.plan.nproc
+                    self.run_.rounds[start.index],
+                    slot.world_size,
+                    self.run_.plan.nproc,
+                    slot.node_rank,
                 )
         found = records.read(self.run_.events, start.index)
         procs: dict[int, tuple[int, int | None]] = {}
@@ -542,7 +545,18 @@ def _relay_for(plan: LaunchPlan) -> relay.Relay | None:
     rdzv = plan.rdzv
     if rdzv.max_nodes == 1 or rdzv.backend not in ("static", "c10d"):
         return None  # one node: nothing to tell; etcd and plugins: no TCPStore to share
-    return relay.Relay(rdzv.host.strip("[]"), rdzv.port, rdzv.run_id)
+    return relay.Relay(rdzv.host.strip("[]"), rdzv.port, rdzv.run_id, _keep_alive(rdzv.configs))
+
+
+def _keep_alive(configs: Mapping[str, str]) -> float:
+    """Seconds after which torch's c10d rendezvous takes a silent node for dead (its
+    ``keep_alive_interval`` x ``keep_alive_max_attempt``): the relay's measure of a lost node."""
+    try:
+        seconds = float(configs.get("keep_alive_interval", 5))
+        seconds *= int(configs.get("keep_alive_max_attempt", 3))
+    except ValueError:
+        return relay.LOST  # torch refuses the value itself, with its own message
+    return seconds if seconds > 0 else relay.LOST
 
 
 def _launch(
