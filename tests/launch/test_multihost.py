@@ -189,3 +189,57 @@ def test_a_failure_on_one_host_stops_the_job_on_every_host(
         assert "ValueError: rank 3 is broken" in line, (node, err)
     for folder in logs:
         assert_nothing_left(folder)
+
+
+def test_a_host_cut_off_from_the_network_is_named_by_the_other(
+    hosts: Hosts, tmp_path: Path
+) -> None:
+    # node-b's link goes down while every rank all-reduces: no connection is reset, so gloo
+    # on node-a would wait for its timeout (minutes). node-a's launcher sees node-b's beat
+    # stop (torch's keep-alive, here 1 s x 3) and stops the job, naming the host's node.
+    port = free_port()
+    logs = [tmp_path / "node-a", tmp_path / "node-b"]
+    conf = ["--rdzv-conf", "keep_alive_interval=1,keep_alive_max_attempt=3"]
+    launchers = [
+        hosts.launch(
+            node,
+            *c10d_form(hosts, port, node),
+            *conf,
+            "-n",
+            "1",
+            "--log-dir",
+            str(logs[node]),
+            FAILING_JOB,
+            "steady",
+        )
+        for node in (0, 1)
+    ]
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+            any("is up on" in log.read_text() for log in logs[node].glob("*/rank*.stdout.log"))
+            for node in (0, 1)
+        ):
+            time.sleep(0.2)
+        time.sleep(1)  # a few all-reduces across the link
+        subprocess.run(
+            ["ip", "-n", hosts.namespaces[1], "link", "set", hosts.links[1], "down"],
+            check=True,
+            capture_output=True,
+            timeout=10,
+        )
+        cut = time.monotonic()
+        _, err = launchers[0].communicate(timeout=120)
+        took = time.monotonic() - cut
+    finally:
+        for launcher in launchers:
+            launcher.kill()
+            launcher.communicate(timeout=30)
+    print(f"node-a's launcher exited {took:.1f} s after node-b's link went down")
+    assert launchers[0].returncode == 1, err
+    # The rendezvous gave node-b node rank 1 or 0; the named node is node-b's, whichever it got.
+    node_b = 1 if list(logs[1].glob("*/.events/start-s0-r1.json")) else 0
+    line = culprit_line(err)
+    assert f"other ranks of node {node_b}: node {node_b} went away" in line, err
+    assert took < 30, err
+    assert_nothing_left(logs[0])

@@ -9,6 +9,8 @@ Modes:
   rank 0 gives up waiting for it in ``unidist.barrier(timeout=3)``.
 * ``freeze-host``: the same with rank 0 frozen, which hosts unidist's control store: rank 1's
   round trips to it get no answer at all.
+* ``steady``: nobody fails; every rank all-reduces five times a second for five minutes (a
+  host cut off from the network meanwhile leaves the others stuck in gloo).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ elif mode == "freeze-host":
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(300)
     unidist.barrier(timeout=3)
+elif mode == "steady":
+    for _ in range(1500):
+        unidist.all_reduce(torch.tensor([1.0]))
+        time.sleep(0.2)
 elif rank == last:
     time.sleep(0.5)  # let the others reach their wait first
     raise ValueError(f"rank {rank} is broken")
