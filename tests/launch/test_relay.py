@@ -212,6 +212,9 @@ def test_the_watched_beat_counts_silence_on_the_watchers_own_clock() -> None:
     assert watch.silent(6, 101.5) == 0.5
     # The watcher itself was held up for a minute: it starts counting again, not blaming node 3.
     assert watch.silent(6, 161.5) == 0
+    # A node not seen beating yet in the round (it may start later): twice as long.
+    assert watch.silent(0, 162.5) == 0
+    assert watch.silent(0, 164.5) == 1.0
     watch.skip()
     assert watch.node == 0
     watch.skip()
@@ -234,9 +237,8 @@ def test_a_node_whose_launcher_dies_is_published_as_lost(store_port: int) -> Non
     import subprocess
     import sys
 
-    a = Relay("127.0.0.1", store_port, "job", lost=2.0)
+    a = Relay("127.0.0.1", store_port, "job", lost=3.0)
     a.round(ROUND, world_size=4, nproc=2, node_rank=0)
-    a.start()
     other = subprocess.Popen(
         [sys.executable, "-c", LONE_RELAY, str(store_port), ROUND],
         stdout=subprocess.PIPE,
@@ -245,6 +247,7 @@ def test_a_node_whose_launcher_dies_is_published_as_lost(store_port: int) -> Non
     try:
         assert other.stdout is not None
         assert other.stdout.readline() == "beating\n"
+        a.start()  # after the other's start-up, which can take seconds on a loaded machine
         time.sleep(a.lost + 1)  # alive and beating: never taken for lost
         assert a.received() is None
         other.kill()  # SIGKILL: it says nothing
@@ -275,3 +278,22 @@ def test_a_node_that_leaves_or_moves_on_is_not_lost(store_port: int) -> None:
     finally:
         for one in (a, b, c):
             one.stop()
+
+
+def test_a_node_renumbered_by_the_next_round_leaves_under_its_old_number(store_port: int) -> None:
+    # The c10d rendezvous may give a launcher another node rank in the next round: the "left"
+    # mark of the old round must go to the number it beat under there, or a watcher still in
+    # the old round would take it for lost.
+    a, b = (Relay("127.0.0.1", store_port, "job", lost=1.5) for _ in range(2))
+    a.round(ROUND, world_size=4, nproc=2, node_rank=0)
+    b.round(ROUND, world_size=4, nproc=2, node_rank=1)
+    for one in (a, b):
+        one.start()
+    try:
+        time.sleep(1)
+        b.round("1-10.0.0.1:1234", world_size=4, nproc=2, node_rank=0)
+        time.sleep(a.lost + 2)
+        assert a.received() is None
+    finally:
+        a.stop()
+        b.stop()

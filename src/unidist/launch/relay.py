@@ -22,8 +22,9 @@ timeout in a collective) and their launcher then blames one of its own ranks. Wi
   the next node's that has not left (O(1) per launcher): a beat that stood still for the
   rendezvous keep-alive (``LOST`` seconds unless torch's c10d settings say otherwise) of the
   watcher's own polling makes the watcher publish that node as the culprit, kind ``lost``, and
-  every node stops its ranks as for any other failure. A launcher that leaves on its own, or
-  moves on to the next round, says so first, so that it is never taken for lost.
+  every node stops its ranks as for any other failure (a node not yet seen beating in the round
+  gets twice as long). A launcher that leaves on its own, or moves on to the next round, says
+  so first, so that it is never taken for lost.
 
 The store is torch's: the static rendezvous's ``TCPStore`` on ``--master-addr`` or the c10d
 rendezvous's at ``--rdzv-endpoint`` (other backends: no relay). The relay opens a client of its
@@ -163,7 +164,7 @@ class _Watch:
     """One launcher's view of the node it watches: which node, and since when its beat stood."""
 
     def __init__(self, me: int, nodes: int, now: float) -> None:
-        self._me, self._nodes = me, nodes
+        self._nodes = nodes
         self.node = (me + 1) % nodes
         self._count: int | None = None
         self._since = now  # when the count last moved (or watching began)
@@ -185,6 +186,8 @@ class _Watch:
         self._looked = now
         if count != self._count or late:
             self._count, self._since = count, now
+        if count == 0:  # no beat yet in this round: it may have begun the round after this one
+            return (now - self._since) / 2
         return now - self._since
 
 
@@ -212,7 +215,7 @@ class Relay(threading.Thread):
         self._received: tuple[str, Failure] | None = None
         self._acked: str | None = None
         self._node = 0  # this launcher's node rank in the round
-        self._beating: str | None = None  # the round whose beat this launcher keeps
+        self._beating: tuple[str, int] | None = None  # (round, node) of this launcher's beat
         self._watch: _Watch | None = None  # the other node's beat this launcher follows
         self.errors = 0  # failed round trips, for the curious
 
@@ -296,7 +299,7 @@ class Relay(threading.Thread):
                 self._look(current)
                 self._follow(current)
         if self._beating is not None:  # leaving: not to be taken for lost
-            self._add(self._key(self._beating, f"beat/{self._node}"), _LEFT)
+            self._add(self._key(self._beating[0], f"beat/{self._beating[1]}"), _LEFT)
         self._store = None
 
     def _key(self, generation: str, name: str) -> str:
@@ -330,19 +333,23 @@ class Relay(threading.Thread):
 
     def _beat(self, current: tuple[str, int, int]) -> None:
         """One beat of this launcher in round ``current`` (having left the round before)."""
-        if self._beating != current[0]:
-            if self._beating is not None:
-                self._add(self._key(self._beating, f"beat/{self._node}"), _LEFT)
-            self._beating, self._watch = current[0], None
-        self._add(self._key(current[0], f"beat/{self._node}"), 1)
+        with self._lock:
+            node = self._node
+        if self._beating != (current[0], node):
+            if self._beating is not None:  # under the node rank it had in that round
+                self._add(self._key(self._beating[0], f"beat/{self._beating[1]}"), _LEFT)
+            self._beating, self._watch = (current[0], node), None
+        self._add(self._key(current[0], f"beat/{node}"), 1)
 
     def _follow(self, current: tuple[str, int, int]) -> None:
         """Read the watched node's beat; publish that node as lost if it stood still too long."""
         nodes = current[1] // current[2]
+        assert self._beating is not None  # _beat came first
+        me = self._beating[1]
         if self._watch is None:
-            self._watch = _Watch(self._node, nodes, time.monotonic())
+            self._watch = _Watch(me, nodes, time.monotonic())
         node = self._watch.node
-        if node == self._node:
+        if node == me:
             return  # every other node left (or there is none)
         count = self._add(self._key(current[0], f"beat/{node}"), 0)
         if count is None:
@@ -352,7 +359,7 @@ class Relay(threading.Thread):
             return
         silent = self._watch.silent(count, time.monotonic())
         if silent >= self.lost:
-            self.publish(lost(node, current[2], silent, self._node))
+            self.publish(lost(node, current[2], silent, me))
 
     def _send(self, current: tuple[str, int, int], failure: Failure) -> None:
         key, value = self._key(current[0], "failed"), encode(failure)
