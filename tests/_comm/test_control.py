@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import unidist
-from tests._waiting import stay_away, tell
+from tests._waiting import stay_away, tell, wait_for
 from unidist import lifecycle, sync
 from unidist._comm import listen
 from unidist._comm.control import ControlPlane, ExpectedValues
@@ -370,7 +370,9 @@ def test_a_flag_counts_only_with_the_jobs_seal() -> None:
     ranks.server.set(key, b"1")
     assert not ranks.planes[1].flag_is_raised("microbatch/1/1")
     ranks.planes[0].raise_flag("microbatch/1/1")
-    assert ranks.planes[1].flag_is_raised("microbatch/1/1")
+    # A set is not answered: the other rank's connection may be served first (torch 2.14's
+    # store did so once in a full run). The flag shows as soon as the store has applied it.
+    wait_for(lambda: ranks.planes[1].flag_is_raised("microbatch/1/1"), 5, "the raised flag")
     ranks.planes[0].lower_flag("microbatch/1/1")
     assert not ranks.planes[1].flag_is_raised("microbatch/1/1")
 

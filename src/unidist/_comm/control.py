@@ -521,7 +521,8 @@ class ControlPlane:
     # -- flags -------------------------------------------------------------------------------
 
     def raise_flag(self, name: str) -> None:
-        """Set the flag ``name`` (visible to every rank at once; it never waits)."""
+        """Set the flag ``name`` (visible to every rank once the store applies it; it never
+        waits: the store does not answer a set)."""
         key = self._seal.name(f"flag/{name}")
         self._link.limit(UNANSWERED_BOUND)
         try:
