@@ -115,3 +115,22 @@ def c10d(port: int, nnodes: str, log_dir: Path, *extra: str) -> list[str]:
         str(log_dir),
         *extra,
     ]
+
+
+_STORE_HOST = """
+import sys
+import torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+print(server.port, flush=True)
+sys.stdin.read()
+"""
+
+
+def start_store_host() -> subprocess.Popen[str]:
+    """A process that hosts a TCPStore on a free port (its first line) until its stdin closes."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _STORE_HOST],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )

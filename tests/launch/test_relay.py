@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests._waiting import wait_for
-from tests.launch.helpers import free_port
+from tests.launch.helpers import free_port, start_store_host
 from unidist.launch import relay
 from unidist.launch.relay import Failure, Relay, decode, encode
 
@@ -156,32 +156,15 @@ def test_a_vanished_store_costs_a_deadline_not_a_hang(monkeypatch: pytest.Monkey
         assert time.monotonic() - started < relay.DEADLINE + 1.5
 
 
-STORE_HOST = """
-import sys
-from datetime import timedelta
-import torch.distributed as dist
-server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-print(server.port, flush=True)
-sys.stdin.read()
-"""
-
-
 def test_a_stopped_store_host_costs_a_deadline_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
     # The launcher that hosts the rendezvous store is stopped (SIGSTOP): torch's client would
     # wait for ever for the answer to an add; the relay's round trips have their own deadline.
     import os
     import signal
-    import subprocess
-    import sys
 
     monkeypatch.setattr(relay, "DEADLINE", 1.5)
     monkeypatch.setattr(relay, "LINGER", 2.0)
-    with subprocess.Popen(
-        [sys.executable, "-c", STORE_HOST],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as host:
+    with start_store_host() as host:
         try:
             assert host.stdout is not None
             port = int(host.stdout.readline())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tests.launch.helpers import (
     run_folder,
     run_folders,
     start_launch,
+    start_store_host,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -70,27 +70,13 @@ def test_an_elastic_job_takes_in_a_node_that_joins_later(tmp_path: Path) -> None
     assert_nothing_left(tmp_path / "second")
 
 
-STORE_HOST = """
-import sys
-import torch.distributed as dist
-server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-print(server.port, flush=True)
-sys.stdin.read()
-"""
-
-
 def test_a_node_that_dies_with_its_launcher_is_named_within_seconds(tmp_path: Path) -> None:
     # Node B's host goes down (its launcher SIGKILLed, its rank with it): nothing reports it, and
     # node A's rank waits for B's rank in a store barrier (300 s), not in a collective whose
     # socket would close. A's launcher notices that B stopped beating, in torch's keep-alive
     # time (here 1 s x 3), and stops the job naming the node. The store lives in a third
     # process, so either launcher can be the one that dies.
-    with subprocess.Popen(
-        [sys.executable, "-c", STORE_HOST],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    ) as store:
+    with start_store_host() as store:
         assert store.stdout is not None
         port = int(store.stdout.readline())
         conf = ["--rdzv-conf", "is_host=false,keep_alive_interval=1,keep_alive_max_attempt=3"]
