@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._waiting import wait_for
 from tests.launch.helpers import SCRIPTS, assert_nothing_left, free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.netns]
@@ -215,12 +216,14 @@ def test_a_host_cut_off_from_the_network_is_named_by_the_other(
         for node in (0, 1)
     ]
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(
-            any("is up on" in log.read_text() for log in logs[node].glob("*/rank*.stdout.log"))
-            for node in (0, 1)
-        ):
-            time.sleep(0.2)
+        wait_for(
+            lambda: all(
+                any("is up on" in log.read_text() for log in logs[node].glob("*/rank*.stdout.log"))
+                for node in (0, 1)
+            ),
+            120,
+            "both hosts' ranks",
+        )
         time.sleep(1)  # a few all-reduces across the link
         subprocess.run(
             ["ip", "-n", hosts.namespaces[1], "link", "set", hosts.links[1], "down"],
