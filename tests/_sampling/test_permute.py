@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections import Counter
@@ -33,6 +34,25 @@ def test_feistel_network_alone_is_a_bijection(length: int) -> None:
     # The network itself (used above SMALL) on small domains too: cycle-walking must be right.
     out = FeistelOrder(length, round_keys(1, 0))(np.arange(length, dtype=np.uint64))
     assert np.array_equal(np.sort(out), np.arange(length))
+
+
+@pytest.mark.parametrize(
+    ("length", "seed", "epoch", "first", "digest"),
+    [
+        (10**8, 0, 0, [60215789, 36742771, 95213461, 40512245, 56929562], "b7b18088b1a5169a"),
+        (70_000, -5, 3, [60058, 20931, 54157, 56138, 5721], "7113c21a2ced5cc5"),
+        (2**40 + 7, 123, 9, [965033122694, 243996223657, 877233159622], "70124ac686c37d67"),
+    ],
+)
+def test_feistel_orders_are_pinned(
+    length: int, seed: int, epoch: int, first: list[int], digest: str
+) -> None:
+    # A checkpoint made by one release resumes on another: the order of (seed, epoch) must never
+    # change. Values printed before the network was first sped up (0.1.0.dev0).
+    positions = np.arange(min(length, 1 << 20), dtype=np.uint64)
+    out = FeistelOrder(length, round_keys(seed, epoch))(positions)
+    assert out[: len(first)].tolist() == first
+    assert hashlib.sha256(out.tobytes()).hexdigest()[:16] == digest
 
 
 def test_order_is_computed_per_position() -> None:
