@@ -1,16 +1,21 @@
 """Per-call cost of unidist's collectives against raw torch.distributed, 2 gloo ranks.
 
-    python bench/collectives.py [--rounds 15]
+    python bench/collectives.py [--rounds 31]
     python bench/collectives.py --quick    # 3 rounds: checks that it runs (the test command)
 
-Both sides run in the same two processes, interleaved in alternating blocks (raw, unidist, raw
-again, ...) so drift on a shared machine hits both alike. Each block is preceded by a barrier; the
+Both sides run in the same two processes, in blocks: raw, unidist, and raw again. The order of
+the three turns round by round (raw-unidist-again, unidist-again-raw, again-raw-unidist), so
+each holds each place in the round equally often; each block is preceded by a barrier. The
 table shows the median per-call time of each side, the ratio unidist / raw (goal: within 1.05)
-and, as the noise floor, the ratio of raw torch to itself (its second block of each round
-against its first): a ratio of unidist's inside that spread is not a cost that this machine
-can measure. On a 2-core machine the ranks wake each other for every small call, and a
-microsecond of Python moves that phase: 1 element costs 200-500 us a call here, and torch's
-A/A ratio alone strays by 5-20 %.
+and, as the noise floor, the ratio of raw torch to itself (again / raw): a ratio of unidist's
+inside that spread is not a cost that this machine can measure. On a 2-core machine the ranks
+wake each other for every small call, and a microsecond of Python moves that phase: 1 element
+costs 150-500 us a call here, and torch's A/A ratio alone strays by 5-25 %.
+
+So the last two columns measure unidist's own cost without that noise: the same unidist call
+with the adapter's primitive replaced by a stub that returns at once, less the stub's own
+call (the CPU time of every check and conversion unidist makes around torch's call), and that
+cost as a share of the raw call. A quiet machine cannot show more than that share.
 """
 
 from __future__ import annotations
@@ -54,21 +59,59 @@ def _cases(x):  # type: ignore[no-untyped-def]
     }
 
 
-def measure(rounds: int) -> list[tuple[str, str, float, float, float]]:
+#: Block order per round, turning so that each side holds each place equally often.
+ORDERS = (("raw", "ours", "again"), ("ours", "again", "raw"), ("again", "raw", "ours"))
+
+
+def _own_cost(op: str, ours, x) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call of unidist's code around the primitive ``op`` (stubbed out)."""
+    import torch
+
+    import unidist
+
+    adapter = unidist.current_adapter()
+    stubs = {
+        "all_reduce": lambda tensor, *_: tensor,
+        "broadcast": lambda tensor, *_: tensor,
+        "all_gather": lambda tensor, *_: [torch.empty_like(tensor), torch.empty_like(tensor)],
+    }
+    stub = stubs[op]
+    setattr(adapter, op, stub)  # on the instance: the class's method is back after delattr
+    try:
+        calls = 20_000
+        ours()  # warm
+        with_stub = min(_time_alone(ours, calls) for _ in range(3))
+        stub_alone = min(_time_alone(lambda: stub(x, None, None), calls) for _ in range(3))
+    finally:
+        delattr(adapter, op)
+    return max(0.0, with_stub - stub_alone)
+
+
+def _time_alone(call, calls: int) -> float:  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - started) / calls
+
+
+def measure(rounds: int) -> list[tuple[str, str, float, float, float, float]]:
     import torch
 
     rows = []
     for size_name, numel in SIZES.items():
         calls = 400 if numel == 1 else 20
-        for op, (raw, ours) in _cases(torch.ones(numel)).items():
+        x = torch.ones(numel)
+        for op, (raw, ours) in _cases(x).items():
+            sides = {"raw": raw, "ours": ours, "again": raw}
             _time_block(raw, calls)  # warm-up both paths
             _time_block(ours, calls)
-            raw_times, our_times, again_times = [], [], []
-            for _ in range(rounds):
-                raw_times.append(_time_block(raw, calls))
-                our_times.append(_time_block(ours, calls))
-                again_times.append(_time_block(raw, calls))
-            rows.append((op, size_name, median(raw_times), median(our_times), median(again_times)))
+            times: dict[str, list[float]] = {side: [] for side in sides}
+            for i in range(rounds):
+                for side in ORDERS[i % len(ORDERS)]:
+                    times[side].append(_time_block(sides[side], calls))
+            own = _own_cost(op, ours, x)
+            medians = [median(times[side]) for side in ("raw", "ours", "again")]
+            rows.append((op, size_name, *medians, own))
     return rows
 
 
@@ -83,13 +126,16 @@ def main() -> None:
 
     per_rank = run_distributed(measure, args.rounds, world_size=2, timeout=900, adapter="torch")
     rows = []
-    for i, (op, size, raw0, ours0, again0) in enumerate(per_rank[0]):
-        raw = max(raw0, per_rank[1][i][2])
-        ours = max(ours0, per_rank[1][i][3])
-        again = max(again0, per_rank[1][i][4])
-        rows.append((op, size, raw * 1e6, ours * 1e6, ours / raw, again / raw))
+    for i, (op, size, raw0, ours0, again0, own0) in enumerate(per_rank[0]):
+        other = per_rank[1][i]
+        raw, ours, again = max(raw0, other[2]), max(ours0, other[3]), max(again0, other[4])
+        own = max(own0, other[5])
+        rows.append(
+            (op, size, raw * 1e6, ours * 1e6, ours / raw, again / raw, own * 1e6, own / raw)
+        )
     print("2 gloo ranks on one machine; microseconds per call (slower rank's median)")
     headers = ["op", "tensor", "torch us", "unidist us", "ratio", "torch A/A (noise)"]
+    headers += ["unidist's own us", "own / torch"]
     print(table(headers, rows))
 
 
