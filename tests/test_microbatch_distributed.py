@@ -297,3 +297,71 @@ def test_votes_and_flags_do_not_grow_the_store() -> None:
     # runs on a loaded machine), so the counts may differ by one, never more.
     for counts in run_distributed(store_keys_over_steps):
         assert max(counts) - min(counts) <= 1, counts
+
+
+def oom_after_good_steps() -> dict:
+    """Two good steps, then rank 1 runs out of memory: the retry runs with the first bucket's
+    all-reduce started before every vote, and the gradients still match full-batch DDP."""
+    ddp, reference = DDP(make_model()), DDP(make_model())
+    mb = unidist.MicroBatcher(ddp)
+    started: list[bool] = []
+    real = torch.distributed.all_reduce
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        started.append(bool(kwargs.get("async_op")))
+        return real(*args, **kwargs)
+
+    grad_err, per_step = 0.0, []
+    oom = OOMBudget({1: None})
+    with oom.attach(ddp.module), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.distributed, "all_reduce", recording)
+        for step in range(4):
+            if step == 2:
+                oom.budget = {1: 4}  # rank 1 runs out in step 3's first attempt
+            x, y = data(step, 8)
+            started.clear()
+            mb.step((x, y), mse(ddp))
+            per_step.append(started.count(True))
+            reference.zero_grad()
+            F.mse_loss(reference(x), y).backward()
+            grad_err = max(grad_err, worst_relative(ddp, reference, grads=True))
+    return {"grad_err": grad_err, "started": per_step, "retries": mb.retries, "size": mb.size}
+
+
+def test_an_oom_after_good_steps_retries_with_the_all_reduce_started_early() -> None:
+    for r in run_distributed(oom_after_good_steps):
+        assert r["grad_err"] < 1e-6
+        # Step 1 votes before any all-reduce; then one started per attempt (step 3 has two).
+        assert r["started"] == [0, 1, 2, 1]
+        assert r["retries"] == 1
+        assert r["size"] == 4
+
+
+def stall_after_a_good_step() -> str:
+    """Rank 1 stalls in its second step past the vote's timeout, then goes on."""
+    model = DDP(make_model())
+    mb = unidist.MicroBatcher(model, timeout=2)
+    mb.step(data(0, 4), mse(model))
+
+    def loss_fn(b: Any) -> torch.Tensor:
+        if unidist.get_rank() == 1:
+            time.sleep(4)
+        return F.mse_loss(model(b[0]), b[1])
+
+    try:
+        mb.step(data(1, 4), loss_fn)
+    except unidist.UnidistError as exc:  # rank 1: whichever it meets when it comes back
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def test_a_rank_that_stalls_with_an_all_reduce_started_times_out_and_the_job_ends() -> None:
+    # Rank 0 started the first bucket's all-reduce, then its vote timed out: it must raise by
+    # name and both ranks must still finalize (torch 2.7's gloo teardown, pytorch PR #154976).
+    first, second = run_distributed(stall_after_a_good_step, timeout=60)
+    assert first.startswith("DistributedTimeoutError: ")
+    assert "rank(s) [1] did not arrive within 2 s" in first
+    assert "MicroBatcher vote" in first
+    # Rank 1 comes back after rank 0 left: it completes the vote alone (every count is in) and
+    # finds rank 0's started all-reduce, or finds rank 0's store gone. Either way, it ends.
+    assert second == "no error" or "MicroBatcher vote" in second, second

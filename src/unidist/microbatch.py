@@ -19,7 +19,8 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
    operations per rank, whatever the world size). The same tally gives the same decision
    everywhere.
 4. All ``ok``: gradients are averaged by hand over DDP's group (see
-   :mod:`unidist._microbatch.averaging`).
+   :mod:`unidist._microbatch.averaging`; after the first good vote, the first bucket's
+   all-reduce starts before each vote and runs while the ranks vote).
    Any ``error``: that rank re-raises its error, the others raise :class:`~unidist.RemoteError`
    naming it. Otherwise: shrink (or raise :class:`~unidist.MicrobatchOOMError` at the minimum
    size) and retry the same batch; buffers (BatchNorm statistics) are restored first, so no
@@ -155,6 +156,9 @@ class MicroBatcher:
         self._check_interval = abort_check_interval
         self._last_check = 0.0
         self._averager: GradientAverager | None = None
+        #: Whether a vote went well with gradients to average: every rank holds its staging
+        #: buffers, so each attempt starts the first bucket's all-reduce before voting.
+        self._averaged_once = False
         self._id = next(_instances)
         self._attempts = 0
         self._where = ""
@@ -221,7 +225,7 @@ class MicroBatcher:
             with self._view.buffer_sync_off():
                 votes, attempt = self._agree(batch, loss_fn, session, snapshot)
             if self._averager is not None:
-                self._averager.reduce(set(votes.missing))
+                self._averager.reduce(set(votes.missing), self._seconds(session))
         except BaseException:  # leave gradients and buffers as they were before the step
             self._recover(snapshot, free=False)
             self._view.give_back_grads(stashed)
@@ -244,10 +248,20 @@ class MicroBatcher:
         """Attempt and vote until every rank has run the whole batch (or raise everywhere)."""
         failures = 0
         while True:
-            attempt = self._attempt(batch, loss_fn, session)
-            votes = self._vote(attempt, session)
+            attempt = self._start_averaging(self._attempt(batch, loss_fn, session))
+            try:
+                votes = self._vote(attempt, session)
+            except BaseException:
+                if self._averager is not None:
+                    self._averager.abandon()  # a rank may never start it; the group times out
+                raise
             if votes.all_ok:
                 return votes, attempt
+            if self._averager is not None:
+                if votes.error_ranks:  # every rank raises now: nobody needs the result
+                    self._averager.abandon()
+                else:  # every rank started it (none failed to): it completes; then retry
+                    self._averager.settle(self._seconds(session))
             failures += 1
             self._recover(snapshot, free=bool(votes.oom_ranks))
             self._shrink_or_raise(votes, attempt, failures, session)
@@ -344,6 +358,30 @@ class MicroBatcher:
             return flag
         return None
 
+    def _start_averaging(self, attempt: _Attempt) -> _Attempt:
+        """Start the first bucket's all-reduce before the vote, on every rank alike.
+
+        Only once a vote went well (the same on every rank, and every rank then holds its
+        staging buffers); see :mod:`unidist._microbatch.averaging`.
+        """
+        averager = self._averager
+        if not self._averaged_once or averager is None or not averager.can_start:
+            return attempt
+        try:
+            failure = averager.start()
+        except Exception as exc:  # the process group itself failed: vote so
+            failure = exc
+        if failure is None or attempt.vote.status == "error":
+            return attempt
+        vote = attempt.vote
+        detail = f"{type(failure).__name__}: {failure} (in starting the gradient all-reduce)"
+        error = Vote("error", vote.size, vote.total, detail[:_DETAIL_CHARS])
+        return _Attempt(error, None, failure, attempt.flagged)
+
+    def _seconds(self, session: Session) -> float:
+        """The vote's timeout in seconds (the session's by default)."""
+        return _env.timeout_seconds(self._timeout if self._timeout is not None else session.timeout)
+
     # -- agreement -------------------------------------------------------------------------
 
     def _vote(self, attempt: _Attempt, session: Session) -> Tally:
@@ -363,6 +401,7 @@ class MicroBatcher:
                     attempt.flagged.lower()
         result = Tally.from_json(votes)
         if result.all_ok:  # the next vote, when nothing changes, is this one again on every rank
+            self._averaged_once = self._averager is not None
             same = Vote("ok", result.size, result.ceiling, missing=tuple(sorted(result.missing)))
             self._expected = sync.ExpectedValues(same.to_json())
         return result
