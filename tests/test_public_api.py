@@ -99,6 +99,18 @@ def test_every_public_name_resolves() -> None:
         assert getattr(unidist, name) is not None, name
 
 
+def test_each_lazy_name_is_its_modules_own_and_all_is_the_lazy_names_and_the_errors() -> None:
+    # unidist/__init__.py lists each module's names to import them on first use; a list that
+    # drifts from the module would hand out a different object, or none.
+    for module, names in unidist._MODULES.items():
+        owner = importlib.import_module(module)
+        for name in names:
+            assert name in getattr(owner, "__all__", [name]), (module, name)
+            assert getattr(unidist, name) is getattr(owner, name), (module, name)
+    errors = set(importlib.import_module("unidist.errors").__all__) & set(unidist.__all__)
+    assert set(unidist.__all__) == {*unidist._LAZY, *errors, "__version__"}
+
+
 def test_no_undeclared_public_names() -> None:
     public = {n for n in vars(unidist) if not n.startswith("_")}
     modules = {n for n, v in vars(unidist).items() if inspect.ismodule(v)}

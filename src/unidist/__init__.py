@@ -1,29 +1,20 @@
 """unidist: one API for distributed PyTorch, whatever framework or launcher runs the script.
 
 Importing unidist imports neither the frameworks nor torch itself and changes no environment
-variable; everything starts on first use. Names whose module needs torch at import time (a
-``torch.utils.data.Sampler`` subclass, say) or costs more than it should at every start (the
-diagnostics, the launcher) are listed in ``_LAZY`` and imported on first access.
+variable; everything starts on first use. Only the version and the error classes are imported
+with the package: every other public name (``_MODULES``) and every submodule is imported on
+first access, so a rank of ``unidist launch``, which imports ``unidist.launch._bootstrap``,
+pays for what it uses and no more.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from unidist._env import Topology
-from unidist._microbatch.memory import is_oom
 from unidist._migration import missing as _missing
-from unidist._migration import point_calls as _point_calls
 from unidist._version import __version__
-from unidist.collectives import (
-    all_gather,
-    all_gather_object,
-    all_gather_uneven,
-    all_reduce,
-    broadcast,
-    broadcast_object,
-)
 from unidist.errors import (
     AdapterNotFoundError,
     AdapterUnavailableError,
@@ -38,71 +29,111 @@ from unidist.errors import (
     TopologyError,
     UnidistError,
 )
-from unidist.groups import Group, new_group
-from unidist.lifecycle import (
-    available_adapters,
-    backend,
-    current_adapter,
-    finalize,
-    initialize,
-    is_initialized,
-    use,
-)
-from unidist.logs import progress, setup_logging
-from unidist.microbatch import MicroBatcher, SizePolicy
-from unidist.parallel import (
-    DDPConfig,
-    FSDP2Config,
-    FSDPConfig,
-    ParallelismConfig,
-    TPConfig,
-)
-from unidist.ranks import (
-    get_local_rank,
-    get_local_world_size,
-    get_node_rank,
-    get_num_nodes,
-    get_rank,
-    get_world_size,
-    is_main_process,
-    one_rank_first,
-    one_rank_only,
-    rank_zero_only,
-    topology,
-)
-from unidist.sync import barrier
 
-_point_calls(importlib.import_module("unidist.sync"))  # Ignite's idist.sync() is not a module
-
-#: Public names whose module is imported on first access: name -> module.
-_LAZY: dict[str, str] = {
-    "DistributedSampler": "unidist.samplers",
-    "DistributedSamplerWrapper": "unidist.samplers",
-    "BatchSampler": "unidist.samplers",
-    "ResumableState": "unidist.resume",
-    "ShardedIterable": "unidist.streams",
-    "StatefulDataLoader": "unidist.data",
-    "auto_dataloader": "unidist.data",
-    "auto_model": "unidist.models",
-    "auto_optim": "unidist.models",
-    "available_backends": "unidist.devices",
-    "default_backend": "unidist.devices",
-    "device": "unidist.devices",
-    "gather_in_order": "unidist.data",
-    "get_sampler": "unidist.samplers",
-    "probe": "unidist.diagnostics",
-    "shard_iterable": "unidist.streams",
-    "show_config": "unidist.diagnostics",
-    "spawn": "unidist.launch.spawn",
-    "unwrap_model": "unidist.models",
+#: module -> the public names it gives; each is imported on first access (see __getattr__).
+_MODULES: dict[str, tuple[str, ...]] = {
+    "unidist._env": ("Topology",),
+    "unidist._microbatch.memory": ("is_oom",),
+    "unidist.collectives": (
+        "all_gather",
+        "all_gather_object",
+        "all_gather_uneven",
+        "all_reduce",
+        "broadcast",
+        "broadcast_object",
+    ),
+    "unidist.data": ("StatefulDataLoader", "auto_dataloader", "gather_in_order"),
+    "unidist.devices": ("available_backends", "default_backend", "device"),
+    "unidist.diagnostics": ("probe", "show_config"),
+    "unidist.groups": ("Group", "new_group"),
+    "unidist.launch.spawn": ("spawn",),
+    "unidist.lifecycle": (
+        "available_adapters",
+        "backend",
+        "current_adapter",
+        "finalize",
+        "initialize",
+        "is_initialized",
+        "use",
+    ),
+    "unidist.logs": ("progress", "setup_logging"),
+    "unidist.microbatch": ("MicroBatcher", "SizePolicy"),
+    "unidist.models": ("auto_model", "auto_optim", "unwrap_model"),
+    "unidist.parallel": ("DDPConfig", "FSDP2Config", "FSDPConfig", "ParallelismConfig", "TPConfig"),
+    "unidist.ranks": (
+        "get_local_rank",
+        "get_local_world_size",
+        "get_node_rank",
+        "get_num_nodes",
+        "get_rank",
+        "get_world_size",
+        "is_main_process",
+        "one_rank_first",
+        "one_rank_only",
+        "rank_zero_only",
+        "topology",
+    ),
+    "unidist.resume": ("ResumableState",),
+    "unidist.samplers": (
+        "BatchSampler",
+        "DistributedSampler",
+        "DistributedSamplerWrapper",
+        "get_sampler",
+    ),
+    "unidist.streams": ("ShardedIterable", "shard_iterable"),
+    "unidist.sync": ("barrier",),
 }
+#: Public name -> its module.
+_LAZY: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
+    from unidist._env import Topology
+    from unidist._microbatch.memory import is_oom
+    from unidist.collectives import (
+        all_gather,
+        all_gather_object,
+        all_gather_uneven,
+        all_reduce,
+        broadcast,
+        broadcast_object,
+    )
     from unidist.data import StatefulDataLoader, auto_dataloader, gather_in_order
     from unidist.devices import available_backends, default_backend, device
     from unidist.diagnostics import probe, show_config
+    from unidist.groups import Group, new_group
     from unidist.launch.spawn import spawn
+    from unidist.lifecycle import (
+        available_adapters,
+        backend,
+        current_adapter,
+        finalize,
+        initialize,
+        is_initialized,
+        use,
+    )
+    from unidist.logs import progress, setup_logging
+    from unidist.microbatch import MicroBatcher, SizePolicy
     from unidist.models import auto_model, auto_optim, unwrap_model
+    from unidist.parallel import (
+        DDPConfig,
+        FSDP2Config,
+        FSDPConfig,
+        ParallelismConfig,
+        TPConfig,
+    )
+    from unidist.ranks import (
+        get_local_rank,
+        get_local_world_size,
+        get_node_rank,
+        get_num_nodes,
+        get_rank,
+        get_world_size,
+        is_main_process,
+        one_rank_first,
+        one_rank_only,
+        rank_zero_only,
+        topology,
+    )
     from unidist.resume import ResumableState
     from unidist.samplers import (
         BatchSampler,
@@ -111,6 +142,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
         get_sampler,
     )
     from unidist.streams import ShardedIterable, shard_iterable
+    from unidist.sync import barrier
 
 __all__ = [
     "AdapterNotFoundError",
@@ -188,9 +220,12 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:  # Ignite's and Composer's names get a pointer to unidist's
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    elif not name.startswith("__") and importlib.util.find_spec(f"unidist.{name}") is not None:
+        value = importlib.import_module(f"unidist.{name}")  # unidist.sync, unidist.testing, ...
+    else:  # Ignite's and Composer's names get a pointer to unidist's
         raise _missing(name)
-    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 

@@ -8,11 +8,12 @@ Features above (one-rank helpers, the microbatch vote) use these, never the stor
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from unidist import _env, collectives, lifecycle
+from unidist import _env, _migration, collectives, lifecycle
 from unidist._comm.control import ExpectedValues
 from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
 from unidist.errors import ConfigurationError, translate_errors
@@ -175,3 +176,8 @@ class Flag:
         """Delete the flag (call it once no rank can still be looking at it)."""
         if self._plane is not None:
             self._plane.lower_flag(self.name)
+
+
+# Ignite's ``idist.sync()`` is a function; here ``unidist.sync`` is this module: calling it
+# raises with a pointer instead of "module is not callable".
+_migration.point_calls(sys.modules[__name__])

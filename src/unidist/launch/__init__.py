@@ -9,7 +9,23 @@
 
 from __future__ import annotations
 
-from unidist.launch.plan import LaunchPlan
-from unidist.launch.spawn import spawn
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from unidist.launch.plan import LaunchPlan
+    from unidist.launch.spawn import spawn
 
 __all__ = ["LaunchPlan", "spawn"]
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first access: a rank imports unidist.launch._bootstrap and needs neither.
+    value: Any
+    if name == "LaunchPlan":
+        from unidist.launch.plan import LaunchPlan as value
+    elif name == "spawn":
+        from unidist.launch.spawn import spawn as value
+    else:
+        raise AttributeError(f"module 'unidist.launch' has no attribute {name!r}")
+    globals()[name] = value
+    return value
