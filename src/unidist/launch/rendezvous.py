@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from unidist import _env
 from unidist.errors import ConfigurationError
+from unidist.launch import onenode
 
 __all__ = ["Rendezvous", "check_port_free", "parse_conf", "resolve"]
 
@@ -289,7 +290,11 @@ def _single_node(
             configs=parse_conf(args.rdzv_conf, "static"),
             local_addr=args.local_addr,
         )
+    # One node on a port the system picks: unidist's own handler (launch.onenode), which does
+    # not sleep before the first round as c10d's does. --rdzv-conf takes c10d's keys; of
+    # them, only join_timeout means something for one node.
     return Rendezvous(
+        backend=onenode.BACKEND,
         endpoint=f"{master_addr or 'localhost'}:{port}",
         # A fresh id per run, so that two jobs on one host never share a rendezvous.
         run_id=args.rdzv_id or uuid.uuid4().hex[:12],

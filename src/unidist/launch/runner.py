@@ -34,7 +34,7 @@ from typing import Any
 
 from unidist import _env
 from unidist.errors import ConfigurationError, LaunchError
-from unidist.launch import records, relay, rundir
+from unidist.launch import onenode, records, relay, rundir
 from unidist.launch.console import Console
 from unidist.launch.exits import ExitClock
 from unidist.launch.plan import LaunchPlan, probe_templates
@@ -565,6 +565,8 @@ def _launch(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    if job.plan.rdzv.backend == onenode.BACKEND:
+        onenode.register()
     try:
         results: dict[int, Any] = elastic_launch(launch_config(job), entrypoint)(*args)
     except ChildFailedError:
