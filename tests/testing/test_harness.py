@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -152,20 +153,29 @@ if __name__ == "__main__":
 def test_a_killed_caller_takes_its_ranks_fork_server_and_folder_along(tmp_path: Path) -> None:
     script = tmp_path / "caller.py"
     script.write_text(CALLER)
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    # A short TMPDIR of its own: the fork server's socket lives there, and a socket path over
+    # 107 bytes fails (tmp_path is that long under pytest-xdist: ".../popen-gw1/...").
+    temp = Path(tempfile.mkdtemp(prefix="udh-"))
+    try:
+        _kill_the_caller_and_check(script, tmp_path, temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _kill_the_caller_and_check(script: Path, folder: Path, temp: Path) -> None:
     env = {**os.environ, "TMPDIR": str(temp), "UNIDIST_TESTING_PRELOAD": "torch"}
-    caller = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    caller = subprocess.Popen([sys.executable, str(script), str(folder)], env=env)
     try:
         deadline = time.monotonic() + 120
-        while len(list(tmp_path.glob("rank*.pids"))) < 2:
+        while len(list(folder.glob("rank*.pids"))) < 2:
+            assert caller.poll() is None, f"the caller exited with {caller.returncode}"
             assert time.monotonic() < deadline, "the ranks did not start"
             time.sleep(0.1)
         assert no_run_folders(temp)
     finally:
         caller.kill()  # SIGKILL: no finally, no atexit in the caller
         caller.wait()
-    pids = {int(p) for f in tmp_path.glob("rank*.pids") for p in f.read_text().split()}
+    pids = {int(p) for f in folder.glob("rank*.pids") for p in f.read_text().split()}
     deadline = time.monotonic() + 15
     while [pid for pid in pids if _alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.1)
