@@ -14,6 +14,7 @@ __all__ = [
     "environ_copy",
     "is_set",
     "patched",
+    "rendezvous_store_shared",
     "replace_all",
     "restore",
     "set_variables",
@@ -44,6 +45,12 @@ def patched(updates: Mapping[str, str], *, only_missing: bool = True) -> Iterato
 def is_set(name: str) -> bool:
     """Whether the variable ``name`` is set in this process."""
     return name in os.environ
+
+
+def rendezvous_store_shared() -> bool:
+    """Whether torch's agent lends its rendezvous store to the ranks: unless
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (torch's opt-out, read as its handlers read it)."""
+    return os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
 
 
 def set_variables(updates: Mapping[str, str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from datetime import timedelta
 from typing import Any
@@ -15,6 +14,8 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousParameters,
     RendezvousStoreInfo,
 )
+
+from unidist import _env
 
 __all__ = ["OneNodeRendezvous"]
 
@@ -48,7 +49,7 @@ class OneNodeRendezvous(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+        return _env.rendezvous_store_shared()
 
     def next_rendezvous(self) -> RendezvousInfo:
         if self._closed:
