@@ -19,10 +19,17 @@ BIN = Path(sys.executable).parent
 
 
 def _free_slurm_job_id() -> str:
-    """A job id whose derived port (15000 + id % 10000) is free now."""
+    """A job id whose derived port (15000 + id % 10000) is free now.
+
+    Tried from a random start: two tests that ran srun at once (pytest workers, or the pinned and
+    latest environments side by side) took the same first id, and so the same port.
+    """
+    import random
     import socket
 
-    for job in range(4321, 9999, 97):
+    start = random.randrange(10000)
+    for step in range(0, 10000, 97):
+        job = (start + step) % 10000
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", 15000 + job))
@@ -88,19 +95,24 @@ def launch(kind: str, adapter: str) -> list[dict[str, object]]:
         done = srun(adapter)
     else:
         done = subprocess.run(commands[kind], capture_output=True, text=True, env=env, timeout=240)
-        # Composer's launcher picks a free port and lets it go before rank 0 binds it: on a busy
-        # machine another process can take it in between (EADDRINUSE in rank 0). That race is
-        # Composer's, not the script's; retry it, and only it, twice.
-        for _ in range(2):
-            if (
-                kind != "composer"
-                or done.returncode == 0
-                or "EADDRINUSE" not in done.stdout + done.stderr
-            ):
-                break
-            done = subprocess.run(
+    # Composer's launcher picks a free port and lets it go before rank 0 binds it, and under
+    # SLURM the port is derived from the job id (Ignite's rule, unidist's alike): on a busy
+    # machine another process can take it in between (EADDRINUSE in rank 0). That race is the
+    # launcher's, not the script's; retry it, and only it, twice.
+    for _ in range(2):
+        if (
+            kind not in ("composer", "slurm")
+            or done.returncode == 0
+            or "EADDRINUSE" not in done.stdout + done.stderr
+        ):
+            break
+        done = (
+            srun(adapter)
+            if kind == "slurm"
+            else subprocess.run(
                 commands[kind], capture_output=True, text=True, env=env, timeout=240
             )
+        )
     # unidist launch prefixes each console line with "[rankN]: "
     lines = [
         line.split("TOPOLOGY ", 1)[1] for line in done.stdout.splitlines() if "TOPOLOGY " in line
