@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 
 import unidist
+from tests._waiting import wait_for
 from unidist._comm import listen
 from unidist._comm.control import ControlPlane
-from unidist._comm.link import UNANSWERED_BOUND
+from unidist._comm.link import UNANSWERED_BOUND, connect_within
 from unidist._comm.wire import new_secret
 from unidist.errors import DistributedTimeoutError
 from unidist.testing import run_distributed
@@ -154,3 +155,18 @@ def test_a_rank_waiting_for_a_stopped_rank_zero_names_it_in_real_processes() -> 
     assert "rank 0 at 127.0.0.1:" in outcome
     assert took < seconds + UNANSWERED_BOUND + SLACK
     assert results[0] == "resumed"
+
+
+def test_a_link_tells_a_store_that_closed_the_connection_without_asking_it(
+    host: tuple[subprocess.Popen[str], int],
+) -> None:
+    child, port = host
+    link = connect_within("127.0.0.1", port, timedelta(seconds=30), "the test's store")
+    link.store.set("key", "value")  # a round trip leaves nothing to read behind
+    assert not link.closed_by_peer()
+    assert bytes(link.store.get("key")) == b"value"
+    child.kill()
+    child.wait(timeout=10)
+    wait_for(link.closed_by_peer, 10, "the link to see its store's host gone")
+    link.close()
+    assert not link.closed_by_peer()  # no connection left to ask: never a false "closed"

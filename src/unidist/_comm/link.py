@@ -90,6 +90,25 @@ class Link:
         )
         return DistributedTimeoutError(self.broken)
 
+    def closed_by_peer(self) -> bool:
+        """Whether the store's host has closed this connection (its process left).
+
+        One ``recv(MSG_PEEK)`` that does not wait: a store only answers requests, so anything
+        readable between two round trips is the end of the stream (or an error on it). Asking
+        first spares the caller torch's client finding out itself, which logs a C++ warning with
+        its stack ("recvValue failed ... got 0 bytes") before it raises. False when the
+        connection is unknown (nothing to ask) or something else is waiting to be read.
+        """
+        if self._connection is None:
+            return False
+        try:
+            data = self._connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False  # nothing to read: the connection is open
+        except OSError:
+            return True  # reset by the peer, or otherwise unusable
+        return data == b""
+
     def close(self) -> None:
         """Close the duplicate descriptor (the store keeps its own)."""
         if self._connection is not None:

@@ -325,10 +325,18 @@ class Relay(threading.Thread):
     def _call(self, operation: Any) -> Any:
         """One round trip with the store (deadline :data:`DEADLINE`), or None if it failed."""
         try:
-            return operation(self._connect())
+            store = self._connect()
+            if self._link is not None and self._link.closed_by_peer():
+                # The store's launcher left (the end of a job: the others finish a moment
+                # later). Asked, torch's client would log a C++ warning and its stack first.
+                raise ConnectionError("the store closed the connection")
+            return operation(store)
         except Exception:  # a store that is gone, slow or refusing: try again next time
             self.errors += 1
             self._store = None
+            if self._link is not None:
+                self._link.close()
+                self._link = None
             return None
 
     def _beat(self, current: tuple[str, int, int]) -> None:
