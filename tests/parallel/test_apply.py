@@ -7,6 +7,7 @@ on the whole batch in the same process.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
@@ -113,6 +114,24 @@ def check(results: list[dict[str, Any]], wrapper: str, sharded: bool) -> None:
 def test_ddp_equals_the_unsharded_model() -> None:
     results = run_distributed(train_and_compare, {}, 2, world_size=2)
     check(results, "DistributedDataParallel", sharded=False)
+
+
+def wrap_ddp(settings: dict[str, Any]) -> tuple[list[str], bool]:
+    """Rank body: the warnings DDP's wrapping raised, and the wrapper's broadcast_buffers."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        wrapped = ParallelismConfig.from_dict(settings).apply(make_model())
+    said = [str(w.message) for w in caught if "broadcast_buffers" in str(w.message)]
+    return said, bool(wrapped.broadcast_buffers)
+
+
+def test_ddp_with_default_buffers_raises_no_deprecation_warning() -> None:
+    # torch 2.13 deprecated DDP's broadcast_buffers and warns when it is passed, True included:
+    # unidist passed it always, and every script on the newest torch printed the warning.
+    results = run_distributed(wrap_ddp, {}, world_size=2)
+    assert results == [([], True), ([], True)]
+    quiet = run_distributed(wrap_ddp, {"ddp": {"broadcast_buffers": False}}, world_size=2)
+    assert [broadcast for _, broadcast in quiet] == [False, False]
 
 
 def test_fsdp2_equals_the_unsharded_model() -> None:

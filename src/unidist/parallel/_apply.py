@@ -156,10 +156,15 @@ def _ddp(
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
     options: dict[str, Any] = {
         "find_unused_parameters": config.find_unused_parameters,
-        "broadcast_buffers": config.broadcast_buffers,
         "gradient_as_bucket_view": config.gradient_as_bucket_view,
         "static_graph": config.static_graph,
     }
+    # Passed only when it is not DDP's default: torch 2.13 deprecated the keyword (for
+    # forward_sync_buffers) and warns whenever it is given, True included; left out, every torch
+    # broadcasts the buffers at init and each forward, as True asked. False keeps torch's own
+    # meaning (and, from torch 2.13, its FutureWarning): no broadcast at init either.
+    if not config.broadcast_buffers:
+        options["broadcast_buffers"] = False
     if config.bucket_cap_mb is not None:
         options["bucket_cap_mb"] = config.bucket_cap_mb
     options.update(extra)
