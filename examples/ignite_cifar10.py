@@ -96,7 +96,7 @@ def create_trainer(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        return float(loss)
+        return loss.item()
 
     return Engine(train_step)
 
