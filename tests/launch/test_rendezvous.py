@@ -61,24 +61,18 @@ def assert_no_store_warnings(outputs: list[tuple[str, str]]) -> None:
 
 def test_two_launchers_of_a_static_rendezvous_end_without_store_warnings(tmp_path: Path) -> None:
     port = str(free_port())
-    static = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port]
+    static = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "-n", "1"]
     nodes = [
         start_launch(
-            *static,
-            "--node-rank",
-            str(i),
-            "--log-dir",
-            str(tmp_path / f"node{i}"),
-            "-n",
-            "1",
-            JOB,
-            "ok",
+            *static, "--node-rank", str(i), "--log-dir", str(tmp_path / f"n{i}"), JOB, "ok"
         )
         for i in (0, 1)
     ]
     outputs = finish(nodes)
     assert [node.returncode for node in nodes] == [0, 0], outputs
     assert [out.count("total 3.0") for out, _ in outputs] == [1, 1]
+    for i in (0, 1):
+        assert_nothing_left(tmp_path / f"n{i}")
     assert_no_store_warnings(outputs)
 
 
