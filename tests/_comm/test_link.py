@@ -63,6 +63,28 @@ def host() -> Iterator[tuple[subprocess.Popen[str], int]]:
         child.communicate(timeout=10)  # reaps it and closes the pipes
 
 
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once the kernel shows it stopped.
+
+    ``kill`` only queues the signal: on a busy machine a thread may run on a moment longer, long
+    enough to answer a client that connects at once (the matrix once saw that connection succeed
+    where the test expects it to fail).
+    """
+    os.kill(pid, signal.SIGSTOP)
+
+    def every_thread_stopped() -> bool:  # the store serves from a thread of its own
+        try:
+            states = [
+                t.read_text().rsplit(")", 1)[1].split()[0]
+                for t in Path(f"/proc/{pid}/task").glob("*/stat")
+            ]
+        except FileNotFoundError:  # a thread ended meanwhile: look again
+            return False
+        return all(state == "T" for state in states)
+
+    wait_for(every_thread_stopped, 10, f"every thread of {pid} to stop")
+
+
 def in_threads(planes: list[ControlPlane], body: Any) -> list[Any]:
     results: dict[int, Any] = {}
 
@@ -94,7 +116,7 @@ def test_a_stopped_store_host_is_named_within_the_timeout_plus_a_bound(
     ]
     seconds = 1.0
     if when == "before they arrive":
-        os.kill(child.pid, signal.SIGSTOP)
+        stop(child.pid)
     else:  # stop it once both have arrived and wait for the outcome
         threading.Timer(0.3, os.kill, (child.pid, signal.SIGSTOP)).start()
     started = time.monotonic()
@@ -116,7 +138,7 @@ def test_connecting_to_a_stopped_store_host_fails_within_the_timeout(
     host: tuple[subprocess.Popen[str], int],
 ) -> None:
     child, port = host
-    os.kill(child.pid, signal.SIGSTOP)  # it accepts connections (the kernel does), never answers
+    stop(child.pid)  # it accepts connections (the kernel does), never answers
     started = time.monotonic()
     with pytest.raises(DistributedTimeoutError, match=f"rank 0 at 127.0.0.1:{port} did not answer"):
         listen.connect("127.0.0.1", port, timedelta(seconds=1))
