@@ -63,16 +63,15 @@ def host() -> Iterator[tuple[subprocess.Popen[str], int]]:
         child.communicate(timeout=10)  # reaps it and closes the pipes
 
 
-def stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and return once the kernel shows it stopped.
+def wait_stopped(pid: int, what: str) -> None:
+    """Return once ``/proc`` shows every thread of ``pid`` stopped (the store serves from one).
 
-    ``kill`` only queues the signal: on a busy machine a thread may run on a moment longer, long
+    ``kill`` only queues a SIGSTOP: on a busy machine a thread may run on a moment longer, long
     enough to answer a client that connects at once (the matrix once saw that connection succeed
     where the test expects it to fail).
     """
-    os.kill(pid, signal.SIGSTOP)
 
-    def every_thread_stopped() -> bool:  # the store serves from a thread of its own
+    def every_thread_stopped() -> bool:
         try:
             states = [
                 t.read_text().rsplit(")", 1)[1].split()[0]
@@ -82,7 +81,13 @@ def stop(pid: int) -> None:
             return False
         return all(state == "T" for state in states)
 
-    wait_for(every_thread_stopped, 10, f"every thread of {pid} to stop")
+    wait_for(every_thread_stopped, 10, f"{what} to stop")
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once it is stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_stopped(pid, f"every thread of {pid}")
 
 
 def in_threads(planes: list[ControlPlane], body: Any) -> list[Any]:
@@ -152,11 +157,7 @@ def stop_rank_zero(seconds: float) -> Any:
     if rank == 0:
         os.kill(os.getpid(), signal.SIGSTOP)
         return "resumed"
-    stat = Path(f"/proc/{pids[0]}/stat")
-    deadline = time.monotonic() + 10
-    while stat.read_text().rsplit(")", 1)[1].split()[0] != "T":  # until rank 0 is stopped
-        assert time.monotonic() < deadline, "rank 0 did not stop"
-        time.sleep(0.01)
+    wait_stopped(pids[0], "rank 0")
     started = time.monotonic()
     try:
         unidist.barrier(timeout=seconds)
