@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,57 @@ def test_the_launcher_removes_the_rooms_its_killed_ranks_kept(events: Path) -> N
     (events / "start-s0-r1.json").write_text("{}")
     records.release_left(events)
     assert [p.name for p in events.iterdir()] == ["start-s0-r1.json"]
+
+
+@pytest.fixture
+def relayed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Rank 1 of a node of two (start 3) in a job whose launchers talk through a relay."""
+    monkeypatch.setenv(records.EVENTS, str(tmp_path))
+    monkeypatch.setenv(records.START, "3")
+    monkeypatch.setenv(records.AWAIT_LEAVE, "1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(records, "AWAIT_LEAVE_SECONDS", 60.0)
+    return tmp_path
+
+
+def test_a_rank_that_finishes_before_the_others_of_its_node_leaves_at_once(
+    relayed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (relayed / "done-s2-r0.json").write_text("{}")  # another start's record does not count
+    record_done()  # waiting would mean 60 s for a launcher that never leaves, then a message
+    assert ("done", 1) in records.read(relayed, 3)
+    assert capsys.readouterr().err == ""
+
+
+def test_the_last_rank_of_a_node_exits_only_after_its_launcher_left_the_round(
+    relayed: Path,
+) -> None:
+    (relayed / "done-s3-r0.json").write_text("{}")
+    marker = threading.Timer(0.3, records.mark_left, (relayed, 3))
+    marker.start()
+    try:
+        record_done()
+        assert records.left(relayed, 3).exists()  # returned because the launcher had left
+    finally:
+        marker.cancel()
+
+
+def test_a_launcher_that_never_leaves_the_round_costs_the_rank_a_deadline(
+    relayed: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(records, "AWAIT_LEAVE_SECONDS", 0.2)
+    (relayed / "done-s3-r0.json").write_text("{}")
+    record_done()
+    said = capsys.readouterr().err
+    assert "rank 1 waited 0.2 s for its launcher to leave the relay's round" in said
+    assert str(records.left(relayed, 3)) in said
+
+
+def test_without_a_relay_a_finished_rank_waits_for_nothing(
+    relayed: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(records.AWAIT_LEAVE)
+    (relayed / "done-s3-r0.json").write_text("{}")
+    record_done()  # every rank of the node done, and no relay: no wait, no message
+    assert capsys.readouterr().err == ""

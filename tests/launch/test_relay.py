@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -280,3 +281,53 @@ def test_a_node_renumbered_by_the_next_round_leaves_under_its_old_number(store_p
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_node_whose_ranks_finished_leaves_the_round_and_asks_the_store_nothing_more(
+    store_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The end of a job: the store's host leaves after torch's exit barrier, and a round trip
+    # of a node still following the round would meet a vanishing store (torch's client then
+    # prints a C++ warning with its stack).
+    import torch.distributed as dist
+
+    a, b = (Relay("127.0.0.1", store_port, "job", lost=1.5) for _ in range(2))
+    for node, one in enumerate((a, b)):
+        one.round(ROUND, world_size=4, nproc=2, node_rank=node)
+        one.start()
+    try:
+        time.sleep(relay.POLL * 2)  # both beat
+        left = threading.Event()
+        b.leave(left.set)
+        assert left.wait(5)
+        calls: list[str] = []
+        original = b._call
+        monkeypatch.setattr(b, "_call", lambda op: calls.append("call") or original(op))
+        time.sleep(a.lost + 2)  # b is not taken for lost: its beat says it left
+        assert a.received() is None
+        assert calls == []
+        viewer = dist.TCPStore("127.0.0.1", store_port, is_master=False, wait_for_workers=False)
+        assert viewer.add(f"unidist/launch/job/{ROUND}/seen", 0) == 1  # counted as if it saw
+        assert viewer.add(f"unidist/launch/job/{ROUND}/beat/1", 0) >= relay._LEFT
+        # A node that fails now lingers for the nodes still in the round only (itself).
+        monkeypatch.setattr(relay, "LINGER", 60.0)
+        a.publish(replace(RAISED, rank=1, local_rank=1, node_rank=0, host="node-a"))
+        assert received(a) is not None
+        started = time.monotonic()
+        a.linger()
+        assert time.monotonic() - started < 30  # not the 60 s of waiting for b's word
+        assert calls == []
+        again = threading.Event()
+        b.leave(again.set)  # asked twice: answered at once, still without a round trip
+        assert again.wait(1)
+        assert calls == []
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_leaving_without_a_round_answers_at_once() -> None:
+    lone = Relay("127.0.0.1", 9, "job")  # never started, never connected
+    left = threading.Event()
+    lone.leave(left.set)
+    assert left.is_set()

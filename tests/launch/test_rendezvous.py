@@ -47,12 +47,27 @@ def test_two_launchers_meet_at_a_c10d_endpoint_without_node_ranks(tmp_path: Path
     assert [out.count("total 3.0") for out, _ in outputs] == [1, 1]
     for i in (0, 1):
         assert_nothing_left(tmp_path / f"node{i}")
+    assert_no_store_warnings(outputs)
 
 
-def test_two_launchers_of_a_static_rendezvous_on_one_machine_succeed(tmp_path: Path) -> None:
-    # The relay no longer asks a store whose host has left (Link.closed_by_peer), which was the
-    # C++ "recvValue failed" stack at the end of every job; not asserted, since a host that
-    # leaves during the relay's round trip still makes torch print it (seen once in 3 matrices).
+def assert_no_store_warnings(outputs: list[tuple[str, str]]) -> None:
+    """No launcher printed torch's C++ store warning ("[c10d] recvValue failed ... got 0 bytes"
+    or "Connection reset by peer", then a C++ stack) of its own: the store's host leaves first
+    at the end of a job, and the relay, still asking it through torch's client, made every
+    launcher print one. A launcher whose ranks finished now leaves the relay's round before its
+    last rank exits, so before the host can leave.
+
+    torch's own exit barrier has the same race (pytorch#69520, open): when the last node to
+    reach it is not the store's host, the host may leave before that node's ``wait`` reaches
+    it, and torch's agent logs "Error waiting on exit barrier" after the C++ warning. torchrun
+    does it too (1 of 12 two-node runs under load here), so a warning that comes with that
+    line is torch's, not unidist's."""
+    for out, err in outputs:
+        warnings = err.count("TCPStore.cpp") + out.count("TCPStore.cpp")
+        assert warnings <= err.count("Error waiting on exit barrier"), err
+
+
+def test_two_launchers_of_a_static_rendezvous_end_without_store_warnings(tmp_path: Path) -> None:
     port = str(free_port())
     static = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "-n", "1"]
     nodes = [
@@ -66,6 +81,7 @@ def test_two_launchers_of_a_static_rendezvous_on_one_machine_succeed(tmp_path: P
     assert [out.count("total 3.0") for out, _ in outputs] == [1, 1]
     for i in (0, 1):
         assert_nothing_left(tmp_path / f"n{i}")
+    assert_no_store_warnings(outputs)
 
 
 def test_an_elastic_job_takes_in_a_node_that_joins_later(tmp_path: Path) -> None:

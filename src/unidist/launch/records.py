@@ -29,6 +29,7 @@ import contextlib
 import errno
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,12 +37,16 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "AWAIT_LEAVE",
+    "AWAIT_LEAVE_SECONDS",
     "ERROR_FILE",
     "EVENTS",
     "START",
     "Slot",
     "Start",
     "error_file",
+    "left",
+    "mark_left",
     "process_start_time",
     "read",
     "release",
@@ -54,6 +59,11 @@ __all__ = [
 #: The variables that tell a rank where its records go and which start it belongs to.
 EVENTS = "UNIDIST_EVENTS"
 START = "UNIDIST_START"
+#: Set by a launcher with a relay (a job of several nodes): the last rank of a node to finish
+#: waits until the launcher has left the relay's round (:func:`left`) before it exits.
+AWAIT_LEAVE = "UNIDIST_AWAIT_LEAVE"
+#: How long that rank waits at most (the relay's round trip has a 2 s deadline).
+AWAIT_LEAVE_SECONDS = 5.0
 #: torch's variable: where a rank writes why it failed (torch's ``@record`` reads it too).
 ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 _KINDS = ("start", "error", "done")
@@ -94,6 +104,42 @@ def error_file(events: Path, start: int | str, rank: int | str) -> Path:
     """Where the rank ``rank`` of start ``start`` writes its error file (``ERROR_FILE``);
     ``"*"`` for either gives a glob pattern."""
     return events / f"error-s{start}-r{rank}.json"
+
+
+def left(events: Path, start: int) -> Path:
+    """The file the launcher creates once it has left the relay's round of start ``start``."""
+    return events / f"left-s{start}"
+
+
+def mark_left(events: Path, start: int) -> None:
+    """Say (to the ranks of start ``start``) that the launcher left the relay's round."""
+    with contextlib.suppress(OSError):
+        left(events, start).touch(mode=0o600)
+
+
+def await_leave(rank: int, local_world_size: int) -> None:
+    """Inside a rank that recorded ``done``: if every rank of its node has, wait (at most
+    :data:`AWAIT_LEAVE_SECONDS`) until the launcher has left the relay's round. Ranks that
+    finish earlier leave at once: torch's agent sees the node done only when the last exits."""
+    folder = os.environ.get(EVENTS)
+    if not folder or not os.environ.get(AWAIT_LEAVE):
+        return
+    start = int(os.environ.get(START, "0"))
+    events = Path(folder)
+    with contextlib.suppress(OSError):
+        done = sum(1 for _ in events.glob(f"done-s{start}-r*.json"))
+        if done < local_world_size:
+            return
+        deadline = time.monotonic() + AWAIT_LEAVE_SECONDS
+        while not left(events, start).exists():
+            if time.monotonic() > deadline:
+                print(
+                    f"unidist: rank {rank} waited {AWAIT_LEAVE_SECONDS:g} s for its launcher to "
+                    f"leave the relay's round ({left(events, start)} never appeared); exiting",
+                    file=sys.stderr,
+                )
+                return
+            time.sleep(0.01)
 
 
 def write(kind: str, identity: dict[str, Any], payload: dict[str, Any]) -> None:

@@ -24,7 +24,15 @@ timeout in a collective) and their launcher then blames one of its own ranks. Wi
   watcher's own polling makes the watcher publish that node as the culprit, kind ``lost``, and
   every node stops its ranks as for any other failure (a node not yet seen beating in the round
   gets twice as long). A launcher that leaves on its own, or moves on to the next round, says
-  so first, so that it is never taken for lost.
+  so first, so that it is never taken for lost;
+* a launcher whose ranks all finished leaves the round at once (:meth:`Relay.leave`: its beat
+  says "left", one ``add`` counts it among the nodes a lingering launcher need not wait for) and
+  makes no further round trip in it. The store's host leaves only after torch's exit barrier,
+  which every node's agent reaches after its ranks exit, and the last rank of a node to finish
+  exits only once its launcher has left the round (``UNIDIST_AWAIT_LEAVE``,
+  :func:`unidist.launch._rank.record_done`): so no round trip meets a vanishing store, which
+  torch's client would answer with a C++ warning and its stack on the launcher's stderr. Such a
+  node no longer learns of a failure elsewhere: its own ranks' outcome is what it reports.
 
 The store is torch's: the static rendezvous's ``TCPStore`` on ``--master-addr`` or the c10d
 rendezvous's at ``--rdzv-endpoint`` (other backends: no relay). The relay opens a client of its
@@ -45,6 +53,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
@@ -217,6 +226,8 @@ class Relay(threading.Thread):
         self._node = 0  # this launcher's node rank in the round
         self._beating: tuple[str, int] | None = None  # (round, node) of this launcher's beat
         self._watch: _Watch | None = None  # the other node's beat this launcher follows
+        self._leave: tuple[str, Callable[[], None]] | None = None  # asked: (round, then)
+        self._left: str | None = None  # the round this launcher left (its ranks all finished)
         self.errors = 0  # failed round trips, for the curious
 
     # -- the watchdog's side -------------------------------------------------------------------
@@ -239,6 +250,19 @@ class Relay(threading.Thread):
             if self._pending is None or (failure.own and not self._pending.own):
                 self._pending = failure
                 self._published.clear()
+        self._wake.set()
+
+    def leave(self, then: Callable[[], None]) -> None:
+        """This node's ranks of the current round all finished: say so on the store (soon,
+        from this thread), make no further round trip in the round, then call ``then`` (also
+        when the store could not be told, and at once when no round is followed)."""
+        with self._lock:
+            current = self._round
+            if current is not None and self._left != current[0]:
+                self._leave = (current[0], then)
+        if current is None or self._leave is None:
+            then()
+            return
         self._wake.set()
 
     def received(self) -> Failure | None:
@@ -270,7 +294,7 @@ class Relay(threading.Thread):
                 known, current = self._received is not None, self._round
             if not known or current is None:
                 return
-            seen = self._add(self._key(current[0], "seen"), 0)
+            seen = self._add(self._key(current[0], "seen"), 0)  # or left the round
             if seen is None or seen >= current[1] // current[2]:
                 return
             time.sleep(0.1)
@@ -288,9 +312,15 @@ class Relay(threading.Thread):
             if self._halt.is_set():
                 break
             with self._lock:
-                current, pending = self._round, self._pending
+                current, pending, leave = self._round, self._pending, self._leave
                 settled = self._received is not None and self._received[1].own
             if current is None:
+                continue
+            if leave is not None:
+                self._depart(current, *leave)
+            if self._left == current[0]:
+                if pending is not None:  # a rank failed after all had finished: still told
+                    self._send(current, pending)
                 continue
             self._beat(current)
             if pending is not None:
@@ -298,6 +328,10 @@ class Relay(threading.Thread):
             elif not settled:
                 self._look(current)
                 self._follow(current)
+        with self._lock:
+            current, leave = self._round, self._leave
+        if current is not None and leave is not None:
+            self._depart(current, *leave)
         if self._beating is not None:  # leaving: not to be taken for lost
             self._add(self._key(self._beating[0], f"beat/{self._beating[1]}"), _LEFT)
         self._store = None
@@ -348,6 +382,30 @@ class Relay(threading.Thread):
                 self._add(self._key(self._beating[0], f"beat/{self._beating[1]}"), _LEFT)
             self._beating, self._watch = (current[0], node), None
         self._add(self._key(current[0], f"beat/{node}"), 1)
+
+    def _depart(
+        self, current: tuple[str, int, int], generation: str, then: Callable[[], None]
+    ) -> None:
+        """Leave round ``generation``: this node's beat says "left", and unless this node has
+        acknowledged a culprit, it counts (under "seen") among the nodes a lingering launcher
+        does not await."""
+        with self._lock:
+            if self._leave is not None and self._leave[0] == generation:
+                self._leave = None
+            acked = self._acked == generation
+        try:
+            if generation != current[0]:
+                return  # a new round began meanwhile: the old one was left on the way
+            with self._lock:
+                node, self._left = self._node, generation
+            old, self._beating = self._beating, None
+            if old is not None and old[0] != generation:  # never beat in this round yet
+                self._add(self._key(old[0], f"beat/{old[1]}"), _LEFT)
+            self._add(self._key(generation, f"beat/{node}"), _LEFT)
+            if not acked:  # counted once: a node that left never acknowledges afterwards
+                self._add(self._key(generation, "seen"), 1)
+        finally:
+            then()
 
     def _follow(self, current: tuple[str, int, int]) -> None:
         """Read the watched node's beat; publish that node as lost if it stood still too long."""
@@ -403,7 +461,7 @@ class Relay(threading.Thread):
             if self._round != current:
                 return
             self._received = (current[0], found)
-            ack = self._acked != current[0]
+            ack = self._acked != current[0] and self._left != current[0]  # left: counted so
             self._acked = current[0]
         if ack:
             self._add(self._key(current[0], "seen"), 1)

@@ -21,6 +21,7 @@ is checked, so a reused PID is left alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -108,6 +109,8 @@ class Run:
             rank, node = int(env["RANK"]), int(env.get("GROUP_RANK", "0"))
             env[records.EVENTS], env[records.START] = str(self.events), str(index)
             env[records.ERROR_FILE] = str(records.error_file(self.events, index, rank))
+            if _relayed(plan):
+                env[records.AWAIT_LEAVE] = "1"
             if given is not None:  # "": the launcher's own stream, not a file
                 out = Path(given.stdouts.get(local) or os.devnull)
                 err = Path(given.stderrs.get(local) or os.devnull)
@@ -249,6 +252,7 @@ class _Watchdog(threading.Thread):
         self.seen = Observed()
         self.procs: dict[tuple[int, int], tuple[int, int | None]] = {}  # (start, rank) -> pid
         self._start = -1
+        self._left = -1  # the start whose relay round this node left (its ranks all finished)
         self._halt = threading.Event()
         self._deadline: float | None = None
         self._exit_deadline: float | None = None
@@ -331,6 +335,15 @@ class _Watchdog(threading.Thread):
         failed = ("error", rank) in found or (status is not None and not finished)
         advance(watch, "exited", at, status=status, failed=failed, finished=finished)
 
+    def _all_finished(self, start: Start, found: dict[Any, Any]) -> bool:
+        """Whether every rank of ``start`` finished without error (recorded, or exited 0)."""
+        for slot in start.slots.values():
+            if ("error", slot.rank) in found:
+                return False
+            if ("done", slot.rank) not in found and self.seen.get(slot.rank).status != 0:
+                return False
+        return True
+
     def _relay(self, start: Start, found: dict[Any, Any]) -> None:
         """Publish this node's first failure (a rank's own over a wait); take another node's."""
         assert self.relay is not None
@@ -347,6 +360,9 @@ class _Watchdog(threading.Thread):
             if self._told is None or (own and self._told.status not in relay.OWN):
                 self._told = failed[0]
                 self.relay.publish(_failure(failed[0], node))
+        if self._left != start.index and self._all_finished(start, found):
+            self._left = start.index  # no more round trips: see relay.Relay.leave
+            self.relay.leave(functools.partial(records.mark_left, self.run_.events, start.index))
         remote = self.relay.received()
         if remote is None or remote.node_rank == node:
             self.seen.remote = None  # this node's own word replaced a wait published elsewhere
@@ -543,9 +559,15 @@ def run(
 def _relay_for(plan: LaunchPlan) -> relay.Relay | None:
     """The relay between the launchers of a job of several nodes, where the store allows one."""
     rdzv = plan.rdzv
-    if rdzv.max_nodes == 1 or rdzv.backend not in ("static", "c10d"):
-        return None  # one node: nothing to tell; etcd and plugins: no TCPStore to share
+    if not _relayed(plan):
+        return None
     return relay.Relay(rdzv.host.strip("[]"), rdzv.port, rdzv.run_id, _keep_alive(rdzv.configs))
+
+
+def _relayed(plan: LaunchPlan) -> bool:
+    """Whether the launchers of the job talk through a relay: one node has nothing to tell;
+    etcd and plugins have no TCPStore to share."""
+    return plan.rdzv.max_nodes > 1 and plan.rdzv.backend in ("static", "c10d")
 
 
 def _keep_alive(configs: Mapping[str, str]) -> float:
