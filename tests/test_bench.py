@@ -57,14 +57,14 @@ def test_quick_mode_prints_its_table(name: str) -> None:
 def test_run_all_discovers_every_benchmark_and_writes_the_report(tmp_path: Path) -> None:
     report = tmp_path / "RESULTS.md"
     env_python = f"UNIDIST_PYTHON={sys.executable}"
-    command = ["env", env_python, "bench/run_all", "--quick", "--only", "collectives"]
+    command = ["env", env_python, "bench/run_all", "--quick", "--only", "gpu_microbatch"]
     done = run([*command, "--output", str(report)], timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     text = report.read_text()
     for line in ("- date: ", "- machine: ", "- versions: unidist ", "torch "):
         assert line in text
-    assert "| [collectives](#collectives) |" in text
-    assert BENCHMARKS["collectives"][1] in text  # the table itself, verbatim
+    assert "| [gpu_microbatch](#gpu_microbatch) |" in text
+    assert BENCHMARKS["gpu_microbatch"][1] in text  # the table itself, verbatim
     code = "import sys; sys.path.insert(0, 'bench'); import _run_all; print(_run_all.discover())"
     listed = run([sys.executable, "-c", code], 60)
     assert listed.stdout.strip() == str(sorted(BENCHMARKS)), listed.stderr
