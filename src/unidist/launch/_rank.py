@@ -336,5 +336,4 @@ def record_done() -> None:
     """Record that this rank finished normally."""
     _write("done", {})
     records.release()
-    env = os.environ
-    records.await_leave(int(env.get("RANK", "0")), int(env.get("LOCAL_WORLD_SIZE", "1")))
+    records.await_leave()

@@ -117,18 +117,19 @@ def mark_left(events: Path, start: int) -> None:
         left(events, start).touch(mode=0o600)
 
 
-def await_leave(rank: int, local_world_size: int) -> None:
+def await_leave() -> None:
     """Inside a rank that recorded ``done``: if every rank of its node has, wait (at most
     :data:`AWAIT_LEAVE_SECONDS`) until the launcher has left the relay's round. Ranks that
     finish earlier leave at once: torch's agent sees the node done only when the last exits."""
-    folder = os.environ.get(EVENTS)
-    if not folder or not os.environ.get(AWAIT_LEAVE):
+    env = os.environ
+    folder = env.get(EVENTS)
+    if not folder or not env.get(AWAIT_LEAVE):
         return
-    start = int(os.environ.get(START, "0"))
+    start, rank = int(env.get(START, "0")), env.get("RANK", "?")
     events = Path(folder)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ValueError):
         done = sum(1 for _ in events.glob(f"done-s{start}-r*.json"))
-        if done < local_world_size:
+        if done < int(env.get("LOCAL_WORLD_SIZE", "1")):
             return
         deadline = time.monotonic() + AWAIT_LEAVE_SECONDS
         while not left(events, start).exists():

@@ -256,11 +256,11 @@ class Relay(threading.Thread):
         """This node's ranks of the current round all finished: say so on the store (soon,
         from this thread), make no further round trip in the round, then call ``then`` (also
         when the store could not be told, and at once when no round is followed)."""
+        asked = False
         with self._lock:
-            current = self._round
-            if current is not None and self._left != current[0]:
-                self._leave = (current[0], then)
-        if current is None or self._leave is None:
+            if self._round is not None and self._left != self._round[0]:
+                self._leave, asked = (self._round[0], then), True
+        if not asked:
             then()
             return
         self._wake.set()
