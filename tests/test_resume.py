@@ -248,6 +248,38 @@ def test_sigterm_saves_at_the_step_and_ends_the_process_by_sigterm(tmp_path: Pat
     _each_once(rows, 2)
 
 
+SAVING = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_resume import _parts, _train
+parts = _parts({folder!r}, save_every=3)
+_train(parts, 1)
+again = _parts({folder!r})
+again["state"].restore()
+assert again["state"].steps == 12
+"""
+
+
+def test_one_process_saves_and_restores_without_torchs_checkpoint_warnings(tmp_path: Path) -> None:
+    # torch 2.7's writer calls tensor.storage() (pytorch#148498): "TypedStorage is deprecated"
+    # once per process, at its first save (so: a fresh process); and torch 2.7 and 2.14 warn
+    # "assuming the intent is to save (load) in a single process" at each save and load of a
+    # one-process run, which unidist supports as such.
+    code = SAVING.format(tests=str(ROOT / "tests"), folder=str(tmp_path / "ck"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "ck" / "latest.json").read_text())["step"] == 12
+    assert "Warning" not in done.stderr, done.stderr
+
+
 # -- two processes -----------------------------------------------------------------------------
 
 

@@ -22,11 +22,13 @@ docs/guides/elastic.md for what the arithmetic can and cannot keep bit-identical
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import signal
+import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -249,7 +251,8 @@ class ResumableState:
 
         state = self._model_state()
         try:
-            dcp.load(state, checkpoint_id=str(where))
+            with _quiet_checkpoint(ranks.get_world_size()):
+                dcp.load(state, checkpoint_id=str(where))
         except (Exception, CheckpointException) as exc:  # torch's is a BaseException
             raise CheckpointError(
                 f"the checkpoint {where} does not fit this model and optimizer: {exc}. HINT: "
@@ -357,7 +360,8 @@ class ResumableState:
             from torch.distributed.checkpoint.api import CheckpointException
 
             try:
-                dcp.save(self._model_state(), checkpoint_id=str(where))
+                with _quiet_checkpoint(world):
+                    dcp.save(self._model_state(), checkpoint_id=str(where))
             except CheckpointException as exc:  # a BaseException: user code would miss it
                 raise CheckpointError(
                     f"saving {where} failed on rank(s) {sorted(exc.failures)}: {exc}. The "
@@ -419,6 +423,29 @@ def _set_epoch(loader: Any, epoch: int) -> None:
         if callable(set_epoch):
             set_epoch(epoch)
             return
+
+
+@contextlib.contextmanager
+def _quiet_checkpoint(world: int) -> Iterator[None]:
+    """Without two warnings torch's distributed checkpoint raises inside itself, about nothing
+    the user can change (each filter matches one message, raised in that package only):
+
+    * "TypedStorage is deprecated", once per process at its first save: torch 2.7's writer
+      (``filesystem.py``) calls ``tensor.storage()`` (pytorch#148498). torch 2.14's calls
+      ``untyped_storage()``: there the filter has nothing to hide.
+    * "torch.distributed is ... uninitialized, assuming the intent is to save (load) in a single
+      process", at every save and load of a one-process run (torch 2.7 and 2.14 alike, even
+      with ``no_dist=True``). Hidden only when the world is one process, which unidist knows:
+      with more, the barrier before the save has already checked the process group.
+    """
+    with warnings.catch_warnings():
+        package = r"torch\.distributed\.checkpoint\."
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning, module=package)
+        if world == 1:
+            warnings.filterwarnings(
+                "ignore", r"torch\.distributed is .*single process", UserWarning, module=package
+            )
+        yield
 
 
 def _random_state() -> dict[str, Any]:
