@@ -1,7 +1,7 @@
 """Launchers side by side: wall time of a trivial 2-rank job, and time from a failure to exit.
 
     python bench/launch.py [--repeat 5]
-    python bench/launch.py --quick     # one round: checks that it runs (the test command)
+    python bench/launch.py --quick     # a smoke run: checks that it runs (the test command)
 
 Each launcher runs bench/scripts/trivial.py (init, barrier, all_reduce, exit) with 2 processes
 on this machine, interleaved round by round so drift hits all alike; the table shows the median
@@ -16,6 +16,11 @@ The third table times one DataLoader epoch with one worker in this process, insi
 ``unidist launch`` (bench/scripts/epoch.py), of ``unidist.spawn``, and of ``unidist.spawn`` with
 workers started by the spawn method (what ``unidist.spawn`` gave before issue 12, and what the
 ranks of Ignite's ``Parallel`` give).
+
+``--quick`` runs one round, and it runs each code path once rather than each row: the failure
+runs only under ``unidist launch`` and torchrun (the other launchers run the same ``once`` on
+the same script), and no spawn-method row (the same ``unidist.spawn`` call with another start
+method). The test command runs it on every change, where a launch costs seconds of CPU.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def ignite_epoch(local_rank: int, out: str) -> None:
     Path(out, f"{local_rank}").write_text(repr(one_epoch()))
 
 
-def dataloader_rows(repeat: int) -> list[tuple[str, float, float]]:
+def dataloader_rows(repeat: int, quick: bool) -> list[tuple[str, float, float]]:
     """(where, median epoch seconds, ratio to this process) for the DataLoader table."""
     import unidist
 
@@ -107,8 +112,9 @@ def dataloader_rows(repeat: int) -> list[tuple[str, float, float]]:
         "this process (fork)": [],
         "unidist launch rank": [],
         "unidist.spawn rank": [],
-        "rank, spawn-method workers": [],
     }
+    if not quick:
+        epochs["rank, spawn-method workers"] = []
     for _ in range(repeat):
         epochs["this process (fork)"].append(one_epoch())
         launched = subprocess.run(
@@ -124,9 +130,10 @@ def dataloader_rows(repeat: int) -> list[tuple[str, float, float]]:
             if " epoch " in line
         ]
         epochs["unidist.spawn rank"] += unidist.spawn(one_epoch, nproc=2, console=False)
-        epochs["rank, spawn-method workers"] += unidist.spawn(
-            one_epoch, "spawn", nproc=2, console=False
-        )
+        if not quick:
+            epochs["rank, spawn-method workers"] += unidist.spawn(
+                one_epoch, "spawn", nproc=2, console=False
+            )
     try:
         import ignite.distributed as idist
     except ImportError:
@@ -147,6 +154,11 @@ def dataloader_rows(repeat: int) -> list[tuple[str, float, float]]:
     return [(where, median(e), median(e) / base) for where, e in epochs.items()]
 
 
+def _median_and_ratio(values: list[float], base: float) -> tuple[float | str, float | str]:
+    """(median, median / base), or dashes when no run finished."""
+    return (median(values), median(values) / base) if values else ("-", "-")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -154,6 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
+    failing = ("unidist launch", "torchrun") if args.quick else tuple(LAUNCHERS)
     walls: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     to_exit: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     codes: dict[str, set[int]] = {name: set() for name in LAUNCHERS}
@@ -173,6 +186,8 @@ def main() -> None:
                 else:
                     assert code == 0, f"{name} failed on the trivial job (exit code {code})"
                     walls[name].append(wall)
+                if name not in failing:
+                    continue
                 marker = str(Path(tmp, f"fail-{round_}-{name.split()[0]}"))
                 wall, code, delay = once(command, marker)
                 if wall is None:
@@ -181,19 +196,18 @@ def main() -> None:
                 codes[name].add(code)
                 if delay is not None:
                     to_exit[name].append(delay)
-    base = median(walls["torchrun"])
-    runs = 2 * args.repeat
+    base = median(walls["torchrun"]) if walls["torchrun"] else float("nan")  # nan: it hung
+    runs = {name: args.repeat * (2 if name in failing else 1) for name in LAUNCHERS}
     print(
-        f"trivial 2-rank job, median of up to {args.repeat} runs (hung: of {runs} runs per "
-        f"launcher, killed after {HANG_SECONDS} s)"
+        f"trivial 2-rank job, median of up to {args.repeat} runs (hung: of all the runs of "
+        f"a launcher, killed after {HANG_SECONDS} s)"
     )
     print(
         table(
             ["launcher", "wall s", "x torchrun", "hung"],
-            [
-                (name, median(w), median(w) / base, f"{hangs[name]}/{runs}")
+            [  # a launcher that hung in every run keeps its row: the hangs are the finding
+                (name, *_median_and_ratio(w, base), f"{hangs[name]}/{runs[name]}")
                 for name, w in walls.items()
-                if w
             ],
         )
     )
@@ -205,20 +219,20 @@ def main() -> None:
             [(name, median(w), median(w) / base_plain) for name, w in plain.items()],
         )
     )
-    base_exit = median(to_exit["torchrun"])
+    base_exit = median(to_exit["torchrun"]) if to_exit["torchrun"] else float("nan")
     print("\nrank 1 raises ValueError (exit code 1) after init")
     print(
         table(
             ["launcher", "failure -> exit s", "x torchrun", "exit code(s)"],
             [
-                (name, median(d), median(d) / base_exit, sorted(codes[name]))
+                (name, *_median_and_ratio(d, base_exit), sorted(codes[name]) or "hung")
                 for name, d in to_exit.items()
-                if d
+                if name in failing
             ],
         )
     )
     print("\none DataLoader epoch (64 items, batch 8, 1 worker), median over ranks and runs")
-    print(table(["where", "epoch s", "x this process"], dataloader_rows(args.repeat)))
+    print(table(["where", "epoch s", "x this process"], dataloader_rows(args.repeat, args.quick)))
 
 
 if __name__ == "__main__":
