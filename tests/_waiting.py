@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,3 +30,17 @@ def stay_away(folder: str | Path, until_told_by: Iterable[int], timeout: float =
 def tell(folder: str | Path, rank: int) -> None:
     """On a waiting rank: let the rank that stays away (:func:`stay_away`) come back."""
     Path(folder, f"told-by-{rank}").touch()
+
+
+def join_store_threads(timeout: float) -> None:
+    """After a test killed a store host it had stopped: wait for unidist's threads still on it.
+
+    ``connect_within`` gives up on a stopped host in time, but cannot interrupt torch's client,
+    whose thread (and a relay that started it) runs on until the host dies; torch then logs the
+    reset connection. Joined here, that log is the test's captured output, not a line printed
+    in the middle of another test's.
+    """
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread.name in ("unidist-store-connect", "unidist-launch-relay"):
+            thread.join(max(0.0, deadline - time.monotonic()))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import unidist
-from tests._waiting import wait_for
+from tests._waiting import join_store_threads, wait_for
 from unidist._comm import listen
 from unidist._comm.control import ControlPlane
 from unidist._comm.link import UNANSWERED_BOUND, connect_within
@@ -61,6 +61,7 @@ def host() -> Iterator[tuple[subprocess.Popen[str], int]]:
     finally:
         child.kill()  # also a stopped one
         child.communicate(timeout=10)  # reaps it and closes the pipes
+        join_store_threads(10)
 
 
 def wait_stopped(pid: int, what: str) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests._waiting import wait_for
+from tests._waiting import join_store_threads, wait_for
 from tests.launch.helpers import free_port, start_store_host
 from unidist.launch import relay
 from unidist.launch.relay import Failure, Relay, decode, encode
@@ -182,6 +182,7 @@ def test_a_stopped_store_host_costs_a_deadline_not_a_hang(monkeypatch: pytest.Mo
             assert time.monotonic() - started < 2 * relay.DEADLINE + 1.5
         finally:
             host.kill()
+            join_store_threads(4 * relay.DEADLINE)  # stop() bounds its wait, not the thread
 
 
 # -- lost nodes: a launcher that dies with its ranks says nothing; its beat stops ---------------
