@@ -154,6 +154,11 @@ def dataloader_rows(repeat: int, quick: bool) -> list[tuple[str, float, float]]:
     return [(where, median(e), median(e) / base) for where, e in epochs.items()]
 
 
+def _base(values: list[float]) -> float:
+    """torchrun's median, the base of a table's ratios; nan when every torchrun run hung."""
+    return median(values) if values else float("nan")
+
+
 def _median_and_ratio(values: list[float], base: float) -> tuple[float | str, float | str]:
     """(median, median / base), or dashes when no run finished."""
     return (median(values), median(values) / base) if values else ("-", "-")
@@ -196,7 +201,7 @@ def main() -> None:
                 codes[name].add(code)
                 if delay is not None:
                     to_exit[name].append(delay)
-    base = median(walls["torchrun"]) if walls["torchrun"] else float("nan")  # nan: it hung
+    base = _base(walls["torchrun"])
     runs = {name: args.repeat * (2 if name in failing else 1) for name in LAUNCHERS}
     print(
         f"trivial 2-rank job, median of up to {args.repeat} runs (hung: of all the runs of "
@@ -219,7 +224,7 @@ def main() -> None:
             [(name, median(w), median(w) / base_plain) for name, w in plain.items()],
         )
     )
-    base_exit = median(to_exit["torchrun"]) if to_exit["torchrun"] else float("nan")
+    base_exit = _base(to_exit["torchrun"])
     print("\nrank 1 raises ValueError (exit code 1) after init")
     print(
         table(
