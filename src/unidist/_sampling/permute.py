@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from unidist._sampling import seeds
+
 if TYPE_CHECKING:
     import numpy.typing as npt
 
@@ -56,8 +58,8 @@ class Order(Protocol):
 def round_keys(seed: int, epoch: int, salt: int = 0) -> npt.NDArray[np.uint64]:
     """Six 64-bit round keys drawn from ``(seed, epoch)``; any int seed (negative too) works."""
     entropy = 2 * seed if seed >= 0 else -2 * seed - 1  # every int to a distinct natural number
-    sequence = np.random.SeedSequence(entropy, spawn_key=(epoch, salt))
-    return sequence.generate_state(ROUNDS, dtype=np.uint64).astype(np.uint64, copy=False)
+    # numpy's SeedSequence(entropy, spawn_key=(epoch, salt)), without importing numpy.random
+    return np.array(seeds.state(entropy, (epoch, salt), ROUNDS), dtype=np.uint64)
 
 
 def shuffled_order(length: int, seed: int, epoch: int) -> Order:
