@@ -3,13 +3,18 @@
     python bench/resume.py [--rounds 15]
     python bench/resume.py --quick    # 3 rounds: checks that it runs (the test command)
 
-Per step: a small DDP step alone, against the same step followed by ``state.step()`` (the
-one-integer vote that lets every rank agree on a stop signal; no save due), in alternating
-blocks in the same processes, and the step alone once more as the noise floor. Per save:
-``state.save()`` (torch's distributed checkpoint of the model and optimizer, plus the loader's
-position, each rank's random states, a barrier and the atomic ``latest.json``, each fsynced)
-against ``torch.distributed.checkpoint.save`` of the same state dicts alone, alternating. Each
-table shows the slower rank's medians.
+Per step: a small DDP step alone, the same step followed by ``state.step()`` (the stop vote,
+cast about twice a second at steps every rank knows; no save due), and the step alone once more
+(A/A: the noise of the machine), in alternating blocks in the same processes. The cost is the
+median over rounds of (with - mean of the two alone blocks); the noise, the median of |alone -
+again|. ``state.step()`` alone, without training, is timed too: its own cost in microseconds.
+
+Per save, alternating in the same processes, against ``torch.distributed.checkpoint.save`` of
+the same state dicts alone: ``state.save()`` (returns once the checkpoint counts: every rank's
+random state, torch's files, then rank 0's progress record and pointer, each fsynced) and a
+``state.step()`` that saves (``save_every``; it returns once every rank's files are on disk, and
+rank 0 makes the checkpoint count on a thread while training goes on). Each table shows the
+slower rank's medians.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from _util import median, table
 
 STEPS_PER_BLOCK = 50
 WIDTH = 512  # two 512x512 layers: about 2 MiB of weights, 4 MiB with SGD's momentum
+BARE_STEPS = 20_000
 
 
 def measure(rounds: int, folder: str) -> dict[str, list[float]]:
@@ -91,21 +97,28 @@ def measure(rounds: int, folder: str) -> dict[str, list[float]]:
         state.step()  # a new step, so the save is not the checkpoint already in force
         state.save()
 
+    def saving_step() -> None:
+        state.save_every = state.steps + 1  # this step is due
+        state.step()
+        state.save_every = None
+
     out: dict[str, list[float]] = {
-        "alone": [],
-        "state": [],
-        "again": [],
-        "raw_save": [],
-        "our_save": [],
+        key: [] for key in ("alone", "state", "again", "bare", "raw", "save", "saving_step")
     }
     block(train_step), block(with_state)  # warm-up
-    timed(raw_save), timed(our_save)
+    timed(raw_save), timed(our_save), timed(saving_step)
     for _ in range(rounds):
         out["alone"].append(block(train_step))
         out["state"].append(block(with_state))
         out["again"].append(block(train_step))  # the same loop twice: the noise
-        out["raw_save"].append(timed(raw_save))
-        out["our_save"].append(timed(our_save))
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(BARE_STEPS):
+            state.step()
+        out["bare"].append((time.perf_counter() - started) / BARE_STEPS)
+        out["raw"].append(timed(raw_save))
+        out["save"].append(timed(our_save))
+        out["saving_step"].append(timed(saving_step))
     state.close()
     return out
 
@@ -121,24 +134,43 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="unidist-bench-resume-") as folder:
         per_rank = run_distributed(measure, args.rounds, folder, world_size=2, timeout=900)
-    slowest = {key: max(median(r[key]) for r in per_rank) for key in per_rank[0]}
-    step_alone, step_state = slowest["alone"] * 1e6, slowest["state"] * 1e6
     print("2 gloo ranks on one machine, a 2-layer 512-wide DDP model, 32 samples per rank")
-    print(f"per step (median of {args.rounds} blocks of {STEPS_PER_BLOCK} steps)")
-    step_again = slowest["again"] * 1e6
+    print(f"per step (median of {args.rounds} rounds of {STEPS_PER_BLOCK}-step blocks)")
+
+    def rank_median(key: str) -> float:
+        return max(median(r[key]) for r in per_rank) * 1e6
+
+    def paired(name: str) -> list[float]:  # per round, on the slower rank's figures
+        return [
+            max(r[name][i] - (r["alone"][i] + r["again"][i]) / 2 for r in per_rank) * 1e6
+            for i in range(args.rounds)
+        ]
+
+    alone = rank_median("alone")
+    cost = median(paired("state"))
+    noise = median(
+        [
+            max(abs(r["again"][i] - r["alone"][i]) for r in per_rank) * 1e6
+            for i in range(args.rounds)
+        ]
+    )
     rows = [
-        ("training step alone", step_alone, 1.0),
-        ("with state.step()", step_state, step_state / step_alone),
-        ("alone again (noise)", step_again, step_again / step_alone),
+        ("training step alone", alone, 1.0),
+        ("with state.step()", rank_median("state"), rank_median("state") / alone),
+        ("alone again (noise)", rank_median("again"), rank_median("again") / alone),
     ]
     print(table(["loop", "us per step", "ratio"], rows))
     print(
-        f"state.step() costs {step_state - step_alone:.0f} us a step here; the same loop "
-        f"twice differs by {step_again - step_alone:.0f} us"
+        f"state.step() costs {cost:.0f} us a step here ({cost / alone * 100:.2f} % of the step); "
+        f"the same loop twice differs by {noise:.0f} us ({noise / alone * 100:.2f} %)"
     )
-    raw, ours = slowest["raw_save"] * 1e3, slowest["our_save"] * 1e3
+    print(f"state.step() alone, no training: {rank_median('bare'):.2f} us a call")
+    raw = max(median(r["raw"]) for r in per_rank) * 1e3
+    rows = [("dcp.save alone", raw, 1.0)]
+    for key, name in (("save", "state.save()"), ("saving_step", "state.step() that saves")):
+        ours = max(median(r[key]) for r in per_rank) * 1e3
+        rows.append((name, ours, ours / raw))
     print(f"\nper save (median of {args.rounds})")
-    rows = [("dcp.save alone", raw, 1.0), ("state.save()", ours, ours / raw)]
     print(table(["save", "ms", "ratio"], rows))
 
 

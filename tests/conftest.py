@@ -1,5 +1,6 @@
 """Hygiene for every test (a clean launcher environment, no leaked variables or process groups)
-and the one way a test states a need: the markers ``composer``, ``ignite``, ``gpu`` and ``netns``.
+and the one way a test states a need: the markers ``composer``, ``ignite``, ``gpu``, ``netns``
+and ``otheruser``.
 
 A marked test is skipped, with a reason that says what is missing and how to get it, when its
 need is not met; nothing else may skip a test for a missing package. ``--allow-skips composer,gpu``
@@ -54,6 +55,13 @@ def _netns_missing() -> str | None:
     return None if probe.returncode == 0 else "unshare --net fails here"
 
 
+def _otheruser_missing() -> str | None:
+    """Why this process cannot run a child as another local user (uid 65534), or None."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return "not root on Linux"
+    return None if shutil.which("setpriv") else "no setpriv command (util-linux)"
+
+
 #: marker -> (is the need met?, the skip reason when it is not)
 _NEEDS = {
     "composer": (
@@ -70,6 +78,11 @@ _NEEDS = {
         lambda: _netns_missing() is None,
         "needs network namespaces for hosts of its own: run the tests as root on Linux with "
         "iproute2 (ip netns) and util-linux (unshare)",
+    ),
+    "otheruser": (
+        lambda: _otheruser_missing() is None,
+        "plays another local user (uid 65534 through setpriv): run the tests as root on Linux "
+        "with util-linux",
     ),
 }
 #: The user property that names the need a marker's skip stands for. A report carries its

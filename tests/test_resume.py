@@ -99,6 +99,7 @@ def test_a_crash_resumes_from_the_last_save_and_reads_the_rest_once(tmp_path: Pa
     _each_once(rows, 2)
     assert _weights(second["model"]) == _weights(reference["model"])  # same world: bit for bit
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        ".lock",  # the run lock (empty: nobody holds it)
         "latest.json",
         "step-000000015",
         "step-000000020",  # keep=2: 5 and 10 were removed
@@ -339,11 +340,14 @@ def test_a_signal_on_one_rank_makes_every_rank_save_at_the_same_step(tmp_path: P
     with pytest.raises(DistributedTestError) as failed:
         run_distributed(_stop_on_one_rank, str(tmp_path), timeout=120)
     assert "exited with code -15" in failed.value.failures[1]  # ended by its SIGTERM
-    # Rank 1 was signalled during step 3; step 3's vote says so at step 4 on both ranks, which
-    # save step 4. Rank 0 got no signal of its own: it says why it stops.
-    assert "saved step 4" in failed.value.failures[0]
+    # Rank 1 was signalled during step 3; the vote that carries it is read at the next vote
+    # (step 4 when the steps are slow, later when they are fast: the ranks vote about twice a
+    # second) or at the end of the epoch (step 12), whichever comes first; both ranks save
+    # that step. Rank 0 got no signal of its own: it says why it stops.
+    step = json.loads((tmp_path / "latest.json").read_text())["step"]
+    assert 4 <= step <= 12
+    assert f"saved step {step} " in failed.value.failures[0]
     assert "no stop signal reached this rank within 1 s" in failed.value.failures[0]
-    assert json.loads((tmp_path / "latest.json").read_text())["step"] == 4
 
 
 def _one_rank_has_a_checkpoint(root: str) -> None:

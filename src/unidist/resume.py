@@ -40,6 +40,9 @@ import torch
 
 from unidist import _env, ranks
 from unidist._resume import folder as files
+from unidist._resume import records
+from unidist._resume.handle import Dir
+from unidist._resume.lock import RunLock
 from unidist._resume.stopping import StopSignals, StopVote
 from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
 from unidist._sampling.passes import check_int
@@ -132,6 +135,9 @@ class ResumableState:
         self._in_force: int | None = None  # the step of the checkpoint latest.json names
         self._stops = StopSignals(stop_signals)
         self._vote = StopVote()
+        self._root: Dir | None = None
+        self._lock: RunLock | None = None
+        self._commit = files.Commit()
 
     @property
     def steps(self) -> int:
@@ -145,64 +151,125 @@ class ResumableState:
 
         :meth:`epochs` calls it; call it yourself to look at :attr:`steps` or :attr:`extra`
         first. Every rank must see the same checkpoint (a folder that is not shared is
-        refused).
+        refused). Rank 0 takes the folder's lock here, for the run's life (until
+        :meth:`close`): a second run on the same folder is refused before it writes anything.
 
         Raises:
             CheckpointError: the checkpoint is another job's, cannot be trusted (owner, mode,
-                links), or does not fit the model, optimizer or loader given.
+                links, or a folder above it that others can write to), is damaged, does not fit
+                the model, optimizer or loader given, or another run holds the folder.
         """
         if self._restored is not None:
             return self._restored
-        files.prepare(self.root)
-        found = self._latest_step()
-        highest, lowest = all_reduce(found, "max"), -all_reduce(-found, "max")
+        problem: CheckpointError | None = None
+        found = -1
+        try:
+            self._open()
+            assert self._root is not None
+            files.Commit.wait_for(self._root)  # another state of this process saving here
+            found = files.latest(self._root, self.job)
+            if self._lock is not None:  # rank 0, alone in the folder: saves that never counted
+                files.drop_newer(self._root, found)
+        except CheckpointError as exc:
+            problem = exc
+        world = ranks.get_world_size()
+        # One reduction for three facts: the lowest rank that could not use the folder (as
+        # world - rank, so that MAX finds it), and the highest and lowest step found.
+        import torch
+
+        facts = torch.tensor(
+            [world - ranks.get_rank() if problem else 0, found, -found], dtype=torch.int64
+        )
+        bad, highest, lowest = (int(v) for v in all_reduce(facts, "max"))
+        lowest = -lowest
+        if bad:
+            self._shut()
+            raise problem or CheckpointError(
+                f"rank {world - bad} could not use the checkpoint folder {self.root}; its error "
+                "says why."
+            )
         if highest != lowest:
+            self._shut()
             raise CheckpointError(
                 f"the ranks found different checkpoints in {self.root} (steps {lowest} to "
                 f"{highest}; -1 is none): the folder must be one that every node shares. "
                 "HINT: put it on a shared file system."
             )
-        if found >= 0:
-            self._load(files.step_folder(self.root, found))
+        try:
+            if found >= 0:
+                self._load(found)
+        except BaseException:
+            self._shut()
+            raise
         self._vote.start()
         self._stops.install()
         self._restored = found >= 0
         return self._restored
 
-    def _latest_step(self) -> int:
-        path = self.root / files.LATEST
-        if not os.path.lexists(path):
-            return -1
-        latest = files.read_json(path, "pointer to the latest checkpoint")
-        self._check_job(latest, path)
-        step = latest.get("step")
-        if (
-            not isinstance(step, int)
-            or step < 0
-            or latest.get("folder") != files.step_folder(self.root, step).name
-        ):
-            raise CheckpointError(f"{path} names no checkpoint of this folder: {latest!r:.300}")
-        return step
-
-    def _check_job(self, record: Mapping[str, Any], path: Path) -> None:
-        if record.get("job") != self.job:
-            raise CheckpointError(
-                f"{path} was written by job {record.get('job')!r}, and this is job "
-                f"{self.job!r}: unidist does not resume another run's checkpoint. HINT: pass "
-                f"job={record.get('job')!r} to continue that run, or give this one a folder "
-                "of its own."
+    def _open(self) -> None:
+        """Open (or create) the folder through its checked handle; rank 0 takes the lock."""
+        if self._root is None:
+            self._root = Dir.open_root(self.root, create=True)
+        if self._lock is None and ranks.get_rank() == 0:
+            self._lock = RunLock.acquire(
+                self._root, job=self.job, run_id=_env.run_id(), timeout=self.timeout
             )
 
-    def _load(self, where: Path) -> None:
-        self._check_trusted(where)
-        progress = files.read_json(where / files.PROGRESS, "progress record")
-        self._check_job(progress, where / files.PROGRESS)
-        step = progress.get("step")
-        if step != int(where.name.partition("-")[2]):
-            raise CheckpointError(f"{where / files.PROGRESS} is of step {step!r}, not {where}.")
-        if self.model is not None:
-            self._load_model(where)
+    def _shut(self) -> None:
+        """Let go of the lock and the folder's handle (reopened by the next use)."""
+        try:
+            self._commit.join()
+        finally:
+            lock, self._lock = self._lock, None
+            if lock is not None:
+                lock.release()
+            root, self._root = self._root, None
+            if root is not None:
+                root.close()
+
+    def _load(self, step: int) -> None:
+        assert self._root is not None
+        where = self._root.path / files.step_name(step)
+        problem: CheckpointError | None = None
+        folder: Dir | None = None
+        try:
+            folder = self._root.open_dir(files.step_name(step))
+            if ranks.get_rank() == 0:  # one rank, not W ranks, lists the W files
+                folder.check_tree()
+        except CheckpointError as exc:
+            problem = exc
+        if all_reduce(int(problem is not None), "max"):
+            if folder is not None:
+                folder.close()
+            raise problem or CheckpointError(
+                f"another rank refused the checkpoint {where}; its error says why."
+            )
+        assert folder is not None
+        with folder:
+            self._load_from(folder, step)
+
+    def _load_from(self, folder: Dir, step: int) -> None:
+        where = folder.path
+        progress = files.read_record(folder, files.PROGRESS, "progress record")
+        path = where / files.PROGRESS
+        files.check_job(progress, path, self.job)
+        if records.count(progress, "step", path) != step:
+            raise CheckpointError(
+                f'{path}: field "step" is {progress.get("step")!r}, not {step} as the folder\'s '
+                "name says: the checkpoint is damaged. HINT: delete latest.json to fall back "
+                "to starting afresh, or point it at another step-* folder."
+            )
+        epoch = records.count(progress, "epoch", path)
+        saved_world = records.count(progress, "world_size", path, minimum=1)
+        extra = records.mapping(progress, "extra", path)
         data = progress.get("loader")
+        rank, same_world = ranks.get_rank(), saved_world == ranks.get_world_size()
+        # With a model, each rank's random state is in torch's files (rng.r<rank>.*); without
+        # one, in rng-r<rank>.json.
+        in_torch = self.model is not None and not folder.exists(files.rng_name(rank))
+        rng: dict[str, Any] | None = None
+        if self.model is not None:
+            rng = self._load_model(folder, rank if same_world and in_torch else None)
         if self.loader is not None:
             if data is None:
                 raise CheckpointError(
@@ -212,16 +279,18 @@ class ResumableState:
                 )
             try:
                 self.loader.load_state_dict(data)
-            except ConfigurationError as exc:
+            except Exception as exc:  # a loader of the user's may raise anything on bad data
                 raise CheckpointError(
-                    f"the checkpoint {where} does not fit the loader: {exc}"
+                    f'{path}: field "loader" does not fit the loader: {exc!r:.400}'
                 ) from exc
-        self.epoch = _epoch_of(data, progress)
-        self._steps = check_int(step, "step", minimum=0)
-        self.extra = dict(progress.get("extra") or {})
-        saved_world = progress.get("world_size")
-        if saved_world == ranks.get_world_size():
-            _set_random(files.read_json(files.rng_file(where, ranks.get_rank()), "random state"))
+        self.epoch = _epoch_of(data, epoch, path)
+        self._steps = step
+        self.extra = dict(extra)
+        if same_world and rng is not None:
+            _set_random(_random_from_tensors(rng), where / f"rng.r{rank} (in torch's files)")
+        elif same_world:
+            name = files.rng_name(rank)
+            _set_random(files.read_record(folder, name, "random state"), where / name)
         else:  # rank r of another world size has no counterpart to take its random state from
             log.info(
                 "random states not restored: saved on %s ranks, now %s",
@@ -231,28 +300,20 @@ class ResumableState:
         self.resumed_from = self._in_force = self._steps
         log.info("resumed from %s (epoch %s, step %s)", where, self.epoch, self._steps)
 
-    def _check_trusted(self, where: Path) -> None:
-        """Rank 0 checks every file (one rank, not W ranks, lists the W files); all agree."""
-        problem: CheckpointError | None = None
-        if ranks.get_rank() == 0:
-            try:
-                files.check_tree(where)
-            except CheckpointError as exc:
-                problem = exc
-        if all_reduce(int(problem is not None), "max"):
-            raise problem or CheckpointError(
-                f"rank 0 refused the checkpoint {where}; its error says why."
-            )
-
-    def _load_model(self, where: Path) -> None:
+    def _load_model(self, folder: Dir, rng_rank: int | None) -> dict[str, Any] | None:
+        """Load the model and optimizer (and rank ``rng_rank``'s random state: returned)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
+        where = folder.path
         state = self._model_state()
+        if rng_rank is not None:
+            state["rng"] = {f"r{rng_rank}": _rng_slots(folder, rng_rank)}
         try:
             with _quiet_checkpoint(ranks.get_world_size()):
-                dcp.load(state, checkpoint_id=str(where))
+                # Through the checked handle: torch reopens nothing by the folder's path.
+                dcp.load(state, checkpoint_id=folder.torch_path)
         except (Exception, CheckpointException) as exc:  # torch's is a BaseException
             raise CheckpointError(
                 f"the checkpoint {where} does not fit this model and optimizer: {exc}. HINT: "
@@ -265,6 +326,7 @@ class ResumableState:
             model_state_dict=state["model"],
             optim_state_dict=state.get("optim", {}),
         )
+        return None if rng_rank is None else state["rng"][f"r{rng_rank}"]
 
     def _model_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
@@ -290,29 +352,42 @@ class ResumableState:
                 _set_epoch(self.loader, self.epoch)
                 yield self.epoch
                 self.epoch += 1
+                self._settle()
         finally:
             self.close()
 
     def step(self) -> None:
         """One step is done: count it, save when due, and stop if any rank was told to.
 
-        With stop signals set, every rank takes part in a one-integer vote here, so call it on
-        every rank after every step. The vote runs in the background on a CPU (gloo) group: a
-        step sends this rank's flag and reads the verdict of the previous step's vote, so it
-        never waits on the network or the GPU, and every rank stops at the same step, one
-        step after the signal was seen.
+        With stop signals set, every rank takes part in a vote here about twice a second (at
+        steps that every rank knows in advance), so call it on every rank after every step.
+        The vote runs in the background on a CPU (gloo) group: a voting step sends this rank's
+        flag and reads the verdict of the previous vote, so it never waits on the network or
+        the GPU, and every rank stops at the same step, about a second after the signal. The
+        steps between votes cost a counter.
         """
         if self._restored is None:
             self.restore()
         self._steps += 1
-        stop = self._vote.cast(self._stops.received) if self._stops.signums else 0
+        stop = self._vote.cast(self._steps, self._stops.received) if self._stops.signums else 0
         if stop or (self.save_every and self._steps % self.save_every == 0):
-            self.save()
+            self._checkpoint(wait=False)  # training goes on while rank 0 makes it count
         if stop:
+            self._stop(stop)
+
+    def _settle(self) -> None:
+        """At an epoch's end, which every rank reaches together: stop now if any rank was
+        signalled since the last vote (a short epoch may end before the next one is due)."""
+        if not self._stops.signums:
+            return
+        stop = self._vote.settle(self._steps, self._stops.received)
+        if stop:
+            self._checkpoint(wait=False)
             self._stop(stop)
 
     def _stop(self, signum: int) -> None:
         name = signal.Signals(signum).name
+        self._commit.join()  # the checkpoint counts before this rank leaves
         own = self._stops.received or self._stops.wait(self.stop_timeout)
         if own:
             log.warning("saved step %s and stopping: %s", self._steps, signal.Signals(own).name)
@@ -332,13 +407,34 @@ class ResumableState:
         The checkpoint counts once rank 0 has replaced ``latest.json``, after every rank wrote
         its part: a crash mid-save leaves the previous checkpoint in force. A checkpoint of
         this very step that is already in force (restored or saved, no :meth:`step` since) is
-        kept as it is.
+        kept as it is. After :meth:`close`, the folder's lock is taken again for the save.
+
+        It returns once the checkpoint counts. The saves that :meth:`step` makes (every
+        ``save_every`` steps, and on a stop) return as soon as every rank's files are on disk:
+        rank 0 writes the progress record and the pointer on a thread meanwhile, which the
+        next save, a stop and :meth:`close` wait for.
         """
+        return self._checkpoint(wait=True)
+
+    def _checkpoint(self, *, wait: bool) -> Path:
         if self._restored is None:
             self.restore()
-        where = files.step_folder(self.root, self._steps)
+        where = self.root / files.step_name(self._steps)
         if self._in_force == self._steps:
             return where  # saved or restored at this very step: rewriting it would unseat it
+        closed = self._root is None  # after close(): the lock is held for this save only
+        try:
+            self._save(where)
+            if wait:
+                self._commit.wait_counted()
+        finally:
+            if closed:
+                self._shut()
+        return where
+
+    def _save(self, where: Path) -> None:
+        self._open()
+        assert self._root is not None
         rank, world = ranks.get_rank(), ranks.get_world_size()
         data = self.loader.state_dict() if self.loader is not None else None
         progress = {
@@ -350,41 +446,51 @@ class ResumableState:
             "extra": self.extra,
         }
         _check_json(progress)
-        if rank == 0:
-            files.fresh_folder(where)
-        # The folder is empty and private before any rank touches it: torch's writer creates
-        # it on every rank as it is built, which would race with rank 0 clearing a stale one.
-        barrier(self.timeout)
-        if self.model is not None:
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.api import CheckpointException
+        self._commit.join()  # the last save counts before this one begins
+        # Every rank makes or opens the step's folder: no stale one can be there (restore()
+        # removed those newer than the checkpoint in force), and a save of this step that
+        # failed in this run left files of the same names, which this one overwrites.
+        with self._root.open_or_make_dir(files.step_name(self._steps)) as folder:
+            if self.model is not None:
+                import torch.distributed.checkpoint as dcp
+                from torch.distributed.checkpoint.api import CheckpointException
 
-            try:
-                with _quiet_checkpoint(world):
-                    dcp.save(self._model_state(), checkpoint_id=str(where))
-            except CheckpointException as exc:  # a BaseException: user code would miss it
-                raise CheckpointError(
-                    f"saving {where} failed on rank(s) {sorted(exc.failures)}: {exc}. The "
-                    "checkpoint in force is still the one latest.json names."
-                ) from exc
-        files.write_json(files.rng_file(where, rank), _random_state())
-        barrier(self.timeout)  # every rank's part is on disk
-        if rank == 0:
-            files.seal(where)
-            files.write_json(where / files.PROGRESS, progress)
-            latest = {"job": self.job, "step": self._steps, "folder": where.name}
-            files.write_json(self.root / files.LATEST, latest)
-            files.prune(self.root, self.keep, where)
+                state = self._model_state()
+                state["rng"] = {f"r{rank}": _rng_tensors()}  # each rank's own, in torch's files
+                try:
+                    with _quiet_checkpoint(world):
+                        dcp.save(state, checkpoint_id=folder.torch_path)
+                except CheckpointException as exc:  # a BaseException: user code would miss it
+                    raise CheckpointError(
+                        f"saving {where} failed on rank(s) {sorted(exc.failures)}: {exc}. The "
+                        "checkpoint in force is still the one latest.json names."
+                    ) from exc
+            else:
+                files.write_record(folder, files.rng_name(rank), _random_state(), compact=True)
+                barrier(self.timeout)  # every rank's part is on disk
+            if rank == 0:  # the rest is rank 0's, on a thread: see files.Commit
+                latest = {"job": self.job, "step": self._steps, "folder": where.name}
+                own = Dir(os.dup(folder.fd), folder.path)
+                self._commit.start(self._root, own, progress, latest, self.keep)
         self._in_force = self._steps
         log.info("saved %s", where)
-        return where
 
     # -- the end -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Put back the signal handlers that were there before (saving nothing)."""
+        """Put back the signal handlers that were there before, let go of the folder's lock
+        and handle (saving nothing). A later :meth:`save` takes them again."""
+        pending = self._stops.received
         self._stops.restore()
         self._vote.finish(self.timeout)
+        self._shut()
+        if pending:  # a signal no vote acted on (a loop without epochs()): as if never caught
+            log.warning(
+                "%s arrived after the last vote; passing it on unsaved",
+                signal.Signals(pending).name,
+            )
+            self._stops.received = 0
+            signal.raise_signal(pending)
 
     def __enter__(self) -> ResumableState:
         return self
@@ -409,12 +515,12 @@ def _check_json(progress: dict[str, Any]) -> None:
         ) from exc
 
 
-def _epoch_of(data: Any, progress: Mapping[str, Any]) -> int:
+def _epoch_of(data: Any, epoch: int, where: Path) -> int:
     """The epoch to go on with: the data position's own when it is a unidist sampler's."""
     sampler = data.get("sampler", data) if isinstance(data, Mapping) else None
     if isinstance(sampler, Mapping) and sampler.get("format") == SAMPLER_FORMAT:
-        return check_int(sampler.get("epoch"), "the saved sampler's epoch", minimum=0)
-    return check_int(progress.get("epoch"), "the saved epoch", minimum=0)
+        return records.count(sampler, "epoch", where, label="loader.sampler.epoch")
+    return epoch
 
 
 def _set_epoch(loader: Any, epoch: int) -> None:
@@ -461,16 +567,120 @@ def _random_state() -> dict[str, Any]:
     return state
 
 
-def _set_random(state: Mapping[str, Any]) -> None:
+#: The random states of one rank as tensors in torch's checkpoint: name -> dtype.
+_RNG_SLOTS = {
+    "python": torch.int64,  # random.getstate()'s 625 words
+    "numpy": torch.int64,  # the legacy MT19937 table's 624 words
+    "ints": torch.int64,  # numpy's position and has_gauss, whether python has a gauss
+    "floats": torch.float64,  # python's gauss, numpy's cached gaussian
+    "torch": torch.uint8,  # torch.get_rng_state()
+    "cuda": torch.uint8,  # torch.cuda.get_rng_state_all(), one row per device (optional)
+}
+
+
+_RNG_SIZES = {"python": 625, "numpy": 624, "ints": 3, "floats": 2}
+
+
+def _rng_tensors() -> dict[str, torch.Tensor]:
+    """This rank's random states as tensors, saved in torch's files (no file of their own)."""
+    _, keys, gauss = random.getstate()
+    _, table, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {
+        "python": torch.tensor(keys, dtype=torch.int64),
+        "numpy": torch.from_numpy(np.asarray(table, dtype=np.int64)),
+        "ints": torch.tensor([pos, has_gauss, gauss is not None], dtype=torch.int64),
+        "floats": torch.tensor([gauss or 0.0, cached], dtype=torch.float64),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return state
+
+
+def _rng_slots(folder: Dir, rank: int) -> dict[str, torch.Tensor]:
+    """Empty tensors of the shapes rank ``rank``'s random states were saved with."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    where = folder.path / ".metadata"
     try:
-        version, keys, gauss = state["python"]
-        random.setstate((version, tuple(keys), gauss))
-        name, table, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((name, np.array(table, dtype=np.uint32), pos, has_gauss, cached))
-        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(
-                [torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]]
+        found = FileSystemReader(folder.torch_path).read_metadata().state_dict_metadata
+    except Exception as exc:
+        raise CheckpointError(f"{where} cannot be read: {exc!r:.300}") from exc
+    prefix = f"rng.r{rank}."
+    slots: dict[str, torch.Tensor] = {}
+    for key, meta in found.items():
+        name = key[len(prefix) :] if key.startswith(prefix) else None
+        if name is None:
+            continue
+        if name not in _RNG_SLOTS or not isinstance(meta, TensorStorageMetadata):
+            raise CheckpointError(f"{where}: {key!r} is not one of unidist's random states.")
+        size = _RNG_SIZES.get(name)
+        if (
+            meta.properties.dtype != _RNG_SLOTS[name]
+            or meta.size.numel() > 1 << 24
+            or (size is not None and list(meta.size) != [size])
+        ):
+            raise CheckpointError(
+                f"{where}: {key!r} is {meta.properties.dtype}{list(meta.size)}, not the random "
+                "state unidist saves: the checkpoint is damaged or not unidist's."
             )
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(f"a saved random state cannot be restored: {exc!r:.300}") from exc
+        slots[name] = torch.empty(meta.size, dtype=_RNG_SLOTS[name])
+    missing = sorted(set(_RNG_SLOTS) - {"cuda"} - set(slots))
+    if missing:
+        raise CheckpointError(
+            f"{where} holds no random state {', '.join(missing)} of rank {rank}: the checkpoint "
+            "is damaged. HINT: delete latest.json to fall back to starting afresh."
+        )
+    return slots
+
+
+def _random_from_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Tensors of :func:`_rng_tensors` as the JSON form :func:`_set_random` checks and sets."""
+    pos, has_gauss, with_gauss = state["ints"].tolist()
+    gauss, cached = state["floats"].tolist()
+    value: dict[str, Any] = {
+        "python": [3, state["python"].tolist(), gauss if with_gauss else None],
+        "numpy": ["MT19937", state["numpy"].tolist(), pos, has_gauss, cached],
+        "torch": state["torch"].tolist(),
+    }
+    if "cuda" in state:
+        value["cuda"] = state["cuda"].tolist()
+    return value
+
+
+def _set_random(state: Mapping[str, Any], where: Path) -> None:
+    """Put back one rank's random states, each field checked before any is set."""
+    version, keys, gauss = records.pair(state.get("python"), where, "python", 3)
+    if version != 3:
+        raise CheckpointError(f'{where}: field "python" is of version {version!r:.40}, not 3.')
+    keys = records.ints(keys, where, "python[1]", length=625, low=0, high=2**32 - 1)
+    gauss = records.number(gauss, where, "python[2]", optional=True)
+    name, table, pos, has_gauss, cached = records.pair(state.get("numpy"), where, "numpy", 5)
+    if name != "MT19937":
+        raise CheckpointError(f'{where}: field "numpy" is of generator {name!r:.40}, not MT19937.')
+    table = records.ints(table, where, "numpy[1]", length=624, low=0, high=2**32 - 1)
+    pos = records.ints([pos], where, "numpy[2]", length=1, low=0, high=624)[0]
+    has_gauss = records.ints([has_gauss], where, "numpy[3]", length=1, low=0, high=1)[0]
+    cached = records.number(cached, where, "numpy[4]", optional=False) or 0.0
+    size = torch.get_rng_state().numel()
+    cpu = records.ints(state.get("torch"), where, "torch", length=size, low=0, high=255)
+    cuda = state.get("cuda")
+    devices: list[list[int]] = []
+    if cuda is not None and torch.cuda.is_available():
+        if not isinstance(cuda, list):
+            raise CheckpointError(f'{where}: field "cuda" is not a list of random states.')
+        devices = [
+            records.ints(s, where, f"cuda[{i}]", length=None, low=0, high=255)
+            for i, s in enumerate(cuda)
+        ]
+    try:
+        random.setstate((3, tuple(keys), gauss))
+        np.random.set_state((name, np.array(table, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(torch.tensor(cpu, dtype=torch.uint8))
+        if devices:
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in devices])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointError(
+            f"{where}: a saved random state cannot be restored: {exc!r:.300}"
+        ) from exc

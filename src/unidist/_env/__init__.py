@@ -33,6 +33,7 @@ from unidist._env.reading import (
     Settings,
     read,
     read_settings,
+    run_id,
     timeout_seconds,
 )
 from unidist._env.schedulers import expand_hostlist
@@ -52,6 +53,7 @@ __all__ = [
     "read_settings",
     "replace_all",
     "restore",
+    "run_id",
     "set_variables",
     "snapshot",
     "timeout_seconds",

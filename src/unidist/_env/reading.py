@@ -17,7 +17,7 @@ from unidist._env.schedulers import MPI_FLAVOURS, from_mpi, from_slurm, is_srun_
 from unidist._env.topology import EnvReading, finish, int_var, port_var
 from unidist.errors import ConfigurationError, TopologyError
 
-__all__ = ["LAUNCHER_MARKER", "Settings", "read", "read_settings", "timeout_seconds"]
+__all__ = ["LAUNCHER_MARKER", "Settings", "read", "read_settings", "run_id", "timeout_seconds"]
 
 #: Set by ``unidist launch`` and the test harness in every process they start.
 LAUNCHER_MARKER = "UNIDIST_LAUNCHER"
@@ -96,6 +96,16 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         if preload is None
         else tuple(name.strip() for name in preload.split(",") if name.strip()),
     )
+
+
+def run_id(environ: Mapping[str, str] | None = None) -> str | None:
+    """The elastic run's id (``TORCHELASTIC_RUN_ID``), the same in every restart of the run.
+
+    torchrun and ``unidist launch`` set it from ``--rdzv-id`` (or a fresh one per launch); None
+    outside torch's elastic agent.
+    """
+    env = os.environ if environ is None else environ
+    return env.get("TORCHELASTIC_RUN_ID") or None
 
 
 def timeout_seconds(timeout: float | timedelta, name: str = "timeout") -> float:

@@ -1,8 +1,9 @@
-"""The checkpoint folder: what is in it, written atomically, read only once it is trusted.
+"""The checkpoint folder's layout: what is in it, what counts, what is removed.
 
 Layout (``root`` is the folder given to :class:`unidist.ResumableState`)::
 
     root/                      owned by this user, writable by nobody else
+      .lock                    held by the run's rank 0 while it runs (see lock.py)
       latest.json              {"format", "job", "step", "folder"}: the last complete checkpoint
       step-000000040/          one checkpoint
         .metadata, *.distcp    torch.distributed.checkpoint's files (model, optimizer)
@@ -11,151 +12,203 @@ Layout (``root`` is the folder given to :class:`unidist.ResumableState`)::
 
 A checkpoint counts only once ``latest.json`` names it, and ``latest.json`` is replaced (write,
 fsync, rename) by rank 0 after every rank has written its part, so a crash mid-save leaves the
-previous checkpoint in force. torch's ``.metadata`` is a pickle, and loading it runs code, so
-nothing in the folder is read before :func:`check_private` has found it to be this user's and
-writable by nobody else: another local user cannot plant a checkpoint for the job to load.
+previous checkpoint in force. Every file is reached through the folder's checked handle
+(handle.py), and every record is parsed as untrusted input (records.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import os
-import shutil
-import stat
+import re
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from unidist._resume import records
+from unidist._resume.handle import Dir
 from unidist.errors import CheckpointError
 
-FORMAT = "unidist.resume/1"
+log = logging.getLogger("unidist.resume")
+
 LATEST = "latest.json"
 PROGRESS = "progress.json"
-#: Largest JSON file read from the folder; a bigger one is not something unidist wrote.
-MAX_JSON_BYTES = 64 << 20
+_STEP = re.compile(r"step-(\d{9,})\Z")
 
 
-def step_folder(root: Path, step: int) -> Path:
-    """The folder of the checkpoint taken after ``step`` steps."""
-    return root / f"step-{step:09d}"
+def step_name(step: int) -> str:
+    """The name of the folder of the checkpoint taken after ``step`` steps."""
+    return f"step-{step:09d}"
 
 
-def rng_file(folder: Path, rank: int) -> Path:
-    return folder / f"rng-r{rank}.json"
+def rng_name(rank: int) -> str:
+    return f"rng-r{rank}.json"
 
 
-def prepare(root: Path) -> None:
-    """Create ``root`` (mode 0700) if it is missing; refuse one that others could write to."""
-    with contextlib.suppress(FileExistsError):
-        root.mkdir(mode=0o700, parents=True)
-    check_private(root)
+def read_record(folder: Dir, name: str, what: str) -> dict[str, Any]:
+    """A record of ``folder``, checked (owner, mode, links, size) and parsed."""
+    data = folder.read(name, limit=records.MAX_BYTES, what=what)
+    return records.decode(data, folder.path / name, what)
 
 
-def check_private(path: Path) -> None:
-    """Refuse ``path`` unless it is this user's own, a real file or folder, and only we write it."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing from the checkpoint folder.") from None
-    kind = "folder" if stat.S_ISDIR(info.st_mode) else "file"
-    if stat.S_ISLNK(info.st_mode) or not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
+def write_record(
+    folder: Dir,
+    name: str,
+    value: dict[str, Any],
+    *,
+    compact: bool = False,
+    sync_folder: bool = True,
+) -> None:
+    """Replace a record atomically (``compact``: one line, for the large random states)."""
+    folder.write(name, records.encode(value, compact=compact), sync_folder=sync_folder)
+
+
+def latest(root: Dir, job: str) -> int:
+    """The step that ``latest.json`` names, -1 when there is none; checked against ``job``."""
+    if not root.exists(LATEST):
+        return -1
+    where = root.path / LATEST
+    record = read_record(root, LATEST, "pointer to the latest checkpoint")
+    check_job(record, where, job)
+    step = records.count(record, "step", where)
+    folder = records.text(record, "folder", where)
+    if folder != step_name(step):
         raise CheckpointError(
-            f"{path} is a symbolic link or a special file, not a checkpoint's file or folder. "
-            "unidist reads checkpoints only from real files it can trust (torch's checkpoint "
-            "metadata is a pickle). HINT: point ResumableState at a folder of your own."
+            f'{where}: field "folder" is {folder[:80]!r}, but the step it names ({step}) is '
+            f"kept in {step_name(step)!r}: the pointer is damaged. HINT: delete {where} to "
+            "start afresh, or fix it to name one of the step-* folders."
         )
-    if info.st_uid != os.geteuid():
+    return step
+
+
+def check_job(record: dict[str, Any], where: Path, job: str) -> None:
+    found = records.text(record, "job", where)
+    if found != job:
         raise CheckpointError(
-            f"the checkpoint {kind} {path} belongs to user id {info.st_uid}, not to this user "
-            f"({os.geteuid()}); loading it would run whatever that user put there (torch's "
-            "checkpoint metadata is a pickle). HINT: use a checkpoint folder of your own."
+            f"{where} was written by job {found!r}, and this is job {job!r}: unidist does not "
+            f"resume another run's checkpoint. HINT: pass job={found!r} to continue that run, "
+            "or give this one a folder of its own."
         )
-    if info.st_mode & 0o022:
-        raise CheckpointError(
-            f"the checkpoint {kind} {path} is writable by other users (mode "
-            f"{stat.S_IMODE(info.st_mode):04o}), so its contents cannot be trusted. HINT: "
-            f"chmod go-w {path} if you are sure nobody else changed it, or start a new folder."
+
+
+def drop_newer(root: Dir, step: int) -> None:
+    """Remove the step folders newer than ``step`` (the one in force): saves that never
+    counted, which a new save of the same step must not find half written."""
+    for name in root.entries():
+        found = _STEP.match(name)
+        if found and int(found.group(1)) > step:
+            with contextlib.suppress(FileNotFoundError):
+                root.remove(name)
+
+
+def prune(root: Dir, keep: int, newest: str) -> None:
+    """Remove all but the newest ``keep`` complete checkpoints (never ``newest``), and every
+    partial one older than ``newest`` (a save that crashed)."""
+    steps = sorted(name for name in root.entries() if _STEP.match(name))
+    complete = []
+    for name in steps:
+        with contextlib.suppress(CheckpointError, OSError), root.open_dir(name) as folder:
+            if folder.exists(PROGRESS):
+                complete.append(name)
+    doomed = [name for name in complete[: max(0, len(complete) - keep)] if name != newest]
+    doomed += [name for name in steps if name not in complete and name < newest]
+    for name in doomed:
+        with contextlib.suppress(OSError):
+            with root.open_dir(name) as folder:  # no longer complete from its first removal
+                if folder.exists(PROGRESS):
+                    os.unlink(PROGRESS, dir_fd=folder.fd)
+            root.remove(name)
+
+
+class Commit:
+    """Rank 0's last part of a save, on a thread of its own: training goes on meanwhile.
+
+    Once every rank's files are on disk (torch's save returns on every rank only after rank 0
+    gathered every rank's result), what remains is rank 0's: the files made private, the
+    progress record, the step folder's names made durable, the pointer replaced (the moment the
+    checkpoint counts) and old checkpoints removed. A crash before the pointer leaves the
+    previous checkpoint in force, as a crash mid-save always did. Whoever needs the pointer
+    waits: ``save()`` until it counts (:meth:`wait_counted`), the next save, a stop,
+    ``close()`` and a restore in this process for the whole commit (:meth:`join`); a failure
+    is raised there. The thread is not a daemon: a script that ends right after a save still
+    makes it count.
+    """
+
+    _pending: ClassVar[dict[tuple[int, int], Commit]] = {}
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._key: tuple[int, int] | None = None
+        self._counted = threading.Event()
+
+    def start(
+        self,
+        root: Dir,
+        folder: Dir,
+        progress: dict[str, Any],
+        latest: dict[str, Any],
+        keep: int,
+    ) -> None:
+        """Commit the checkpoint in ``folder`` (a handle the commit owns and closes)."""
+        self.join()
+        info = os.fstat(root.fd)
+        self._key = (info.st_dev, info.st_ino)
+        Commit._pending[self._key] = self
+        self._counted.clear()
+        self._thread = threading.Thread(
+            target=self._run,
+            args=(root, folder, progress, latest, keep),
+            name="unidist-resume-commit",
         )
+        self._thread.start()
 
+    def _run(
+        self, root: Dir, folder: Dir, progress: dict[str, Any], latest: dict[str, Any], keep: int
+    ) -> None:
+        try:
+            with folder:
+                folder.seal()
+                write_record(folder, PROGRESS, progress, sync_folder=False)
+                folder.sync()  # the names of every file of the step, progress.json's too
+            write_record(root, LATEST, latest)
+        except BaseException as exc:  # raised by join(), in the training thread
+            self._error = exc
+            return
+        finally:
+            self._counted.set()
+        try:
+            prune(root, keep, folder.path.name)
+        except Exception:  # an old checkpoint left behind is removed by the next save
+            log.warning("could not remove old checkpoints from %s", root.path, exc_info=True)
 
-def check_tree(folder: Path) -> None:
-    """:func:`check_private` for a checkpoint's folder and everything in it."""
-    check_private(folder)
-    for entry in sorted(folder.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            check_tree(entry)
-        else:
-            check_private(entry)
+    def wait_counted(self) -> None:
+        """Wait until the checkpoint in flight counts (its removals may go on); raise what it
+        failed with."""
+        if self._thread is not None:
+            self._counted.wait()
+            if self._error is not None:
+                self.join()
 
+    def join(self) -> None:
+        """Wait for the commit in flight; raise what it failed with."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        if self._key is not None and Commit._pending.get(self._key) is self:
+            del Commit._pending[self._key]
+        error, self._error = self._error, None
+        if error is not None:
+            raise CheckpointError(
+                f"the checkpoint could not be made to count ({error!r:.300}); the one "
+                "latest.json names is still in force."
+            ) from error
 
-def seal(folder: Path) -> None:
-    """Make every file of a checkpoint this user's alone (torch writes them with the umask)."""
-    for entry in folder.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            seal(entry)
-        os.chmod(entry, 0o700 if entry.is_dir() else 0o600, follow_symlinks=False)
-
-
-def read_json(path: Path, what: str) -> dict[str, Any]:
-    """A JSON object from a trusted file of the folder, or a CheckpointError that shows it."""
-    check_private(path)
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{path} ({what}) is {path.stat().st_size} bytes: not unidist's.")
-        text = path.read_text(encoding="utf-8")
-        value = json.loads(text)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise CheckpointError(
-            f"the {what} {path} cannot be read ({exc}). HINT: if the checkpoint is damaged, "
-            f"delete {path.parent / LATEST} to start afresh, or point it at an older step-* folder."
-        ) from exc
-    if not isinstance(value, dict) or value.get("format") != FORMAT:
-        raise CheckpointError(
-            f"the {what} {path} is not a unidist checkpoint file (expected a JSON object with "
-            f'"format": "{FORMAT}", found {text[:200]!r}).'
-        )
-    return value
-
-
-def write_json(path: Path, value: dict[str, Any]) -> None:
-    """Replace ``path`` with ``value`` atomically: a private temporary file, fsync, rename."""
-    data = json.dumps({"format": FORMAT, **value}, indent=1, sort_keys=True).encode()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    tmp.replace(path)
-    _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fresh_folder(folder: Path) -> None:
-    """An empty, private folder for a new checkpoint (a partial one from a crash is removed)."""
-    if os.path.lexists(folder):
-        check_private(folder)
-        shutil.rmtree(folder)
-    folder.mkdir(mode=0o700)
-
-
-def prune(root: Path, keep: int, latest: Path) -> None:
-    """Remove all but the newest ``keep`` complete checkpoints (never ``latest``)."""
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir() and not p.is_symlink())
-    complete = [p for p in steps if (p / PROGRESS).exists()]
-    for folder in complete[: max(0, len(complete) - keep)]:
-        if folder != latest:
-            shutil.rmtree(folder, ignore_errors=True)
-    for folder in steps:  # partial ones, older than the latest: a save that crashed
-        if folder not in complete and folder.name < latest.name:
-            shutil.rmtree(folder, ignore_errors=True)
+    @classmethod
+    def wait_for(cls, root: Dir) -> None:
+        """Wait for a commit to ``root`` that another state of this process has in flight."""
+        info = os.fstat(root.fd)
+        pending = cls._pending.get((info.st_dev, info.st_ino))
+        if pending is not None:
+            pending.join()
