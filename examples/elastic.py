@@ -1,6 +1,6 @@
 """Elastic training: nodes join and leave mid-epoch, and every sample is still read once per epoch.
 
-    # node A (also hosts the rendezvous), then node B whenever it comes; either may leave
+    # node A (hosts the rendezvous store: it must stay), then node B, which may come and go
     unidist launch --nnodes 1:2 --rdzv-backend c10d --rdzv-endpoint HOST_A:29400 \\
         --rdzv-id demo --max-restarts 3 -n 1 examples/elastic.py --checkpoint /shared/ckpt
     python examples/elastic.py --checkpoint /tmp/ckpt     # one process; rerun it to resume
@@ -11,6 +11,11 @@ data position and random states, and leaves. A node that dies without warning co
 since the last save (``--save-every``): the restart reads them again from that checkpoint. The
 global batch stays the same on any number of ranks (``--global-batch-size``), so each step
 trains on the same samples whatever the world size.
+
+If node A leaves, node B's launcher ends with one line that names the lost store (the guide's
+"Limits": host the store on a machine that stays). ``--workers N`` sets the DataLoader workers
+per rank (default: ``auto_dataloader``'s); they live until the agreed save however the stop
+comes (a node joining, SIGTERM to the launcher or to one rank).
 
 ``--record DIR`` writes what each rank read (``DIR/reads-r<rank>-p<pid>.jsonl``, one line per
 step) and ``DIR/rank<N>.json`` (first-epoch indices and losses); ``--weights FILE`` has rank 0
@@ -52,6 +57,15 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=480)
     parser.add_argument("--global-batch-size", type=int, default=8)
     parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="DataLoader workers per rank (default: auto_dataloader's, as the guide's loader)",
+    )
+    parser.add_argument(
+        "--persistent-workers", action="store_true", help="keep the workers between epochs"
+    )
     parser.add_argument("--step-delay", type=float, default=0.0, help="seconds of work per step")
     parser.add_argument("--record", help="write what each rank read here")
     parser.add_argument("--weights", help="rank 0 writes the final weights here (JSON)")
@@ -60,8 +74,11 @@ def main() -> int:
     unidist.initialize()
     unidist.setup_logging()
     log = logging.getLogger("elastic")
+    workers: dict[str, object] = {} if args.workers is None else {"num_workers": args.workers}
+    if args.persistent_workers:
+        workers["persistent_workers"] = True
     loader = unidist.auto_dataloader(
-        synthetic_data(args.samples), global_batch_size=args.global_batch_size, num_workers=0
+        synthetic_data(args.samples), global_batch_size=args.global_batch_size, **workers
     )
     torch.manual_seed(0)  # identical initial weights on every rank (and in every restart)
     model = unidist.auto_model(nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)))

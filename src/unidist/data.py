@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from unidist import collectives, ranks
+from unidist._resume import workers
 from unidist._sampling.passes import PassSampler, check_flag, check_int
 from unidist.errors import ConfigurationError, TopologyError
 from unidist.samplers import DistributedSampler, get_sampler
@@ -49,7 +50,12 @@ class StatefulDataLoader(DataLoader[Any]):
     :class:`~unidist.DistributedSamplerWrapper`) it reports every batch handed to the loop, so
     :meth:`state_dict` records what the loop consumed, not what the workers prefetched, and
     :meth:`load_state_dict` (on this or another number of ranks) yields exactly the samples of
-    the epoch not yet consumed. Everything else is torch's DataLoader.
+    the epoch not yet consumed.
+
+    Its workers leave stop signals (SIGTERM, SIGINT, SIGUSR1, SIGUSR2) sent to the whole process
+    group to their rank, and die with it, so a rank told to stop can finish its step and save
+    (:class:`unidist.ResumableState`) instead of failing on a worker killed by the same signal;
+    the batches are the same. Everything else is torch's DataLoader.
     """
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a counting wrapper
@@ -58,6 +64,10 @@ class StatefulDataLoader(DataLoader[Any]):
         if found is None:
             return inner
         return _Counting(inner, *found)
+
+    def _get_iterator(self) -> Any:
+        with workers.starting_workers(self):
+            return super()._get_iterator()
 
     def _tracked(self) -> tuple[PassSampler, int] | None:
         """(unidist sampler, samples per full batch), when the loader draws from one."""

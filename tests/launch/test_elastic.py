@@ -3,8 +3,10 @@ every sample is still trained on exactly once per epoch (examples/elastic.py, Re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests._waiting import wait_for
-from tests.launch.helpers import assert_nothing_left, c10d, free_port, start_launch
+from tests.launch.helpers import assert_nothing_left, c10d, free_port, pids_of, start_launch
 
 pytestmark = pytest.mark.multiprocess
 
@@ -69,6 +71,7 @@ def test_a_node_joins_and_one_dies_mid_epoch_and_every_sample_is_read_once(
     training += ["--epochs", str(EPOCHS), "--save-every", "5"]
     job = [EXAMPLE, "--checkpoint", str(checkpoint), "--record", str(record), *training]
     job += ["--step-delay", "0.1"]  # long enough for a join and a kill mid-epoch
+    job += ["--workers", "1"]  # the join's SIGTERM reaches the worker too: it must not end it
     port = free_port()
     elastic = ["--rdzv-conf", "last_call_timeout=1", "--max-restarts", "3", "-n", "1"]
     weights = ["--weights", str(tmp_path / "weights.json")]
@@ -166,3 +169,73 @@ def test_a_third_node_joins_two_without_costing_a_restart(tmp_path: Path) -> Non
         counts = Counter(i for x in lines if x["epoch"] == epoch for i in x["ids"])
         assert sorted(counts) == list(range(432)), f"epoch {epoch} missed samples"
         assert set(counts.values()) == {1}, f"epoch {epoch} read samples twice"
+
+
+def _workers_of(log_dir: Path) -> list[int]:
+    """The DataLoader workers of the ranks that the launcher in ``log_dir`` started."""
+    import psutil
+
+    found = []
+    for pid in pids_of(log_dir):
+        with contextlib.suppress(psutil.Error):
+            found += [child.pid for child in psutil.Process(pid).children()]
+    return found
+
+
+def _start(record: Path, checkpoint: Path, log_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    job = [EXAMPLE, "--checkpoint", str(checkpoint), "--record", str(record), "--workers", "1"]
+    job += ["--samples", "240", "--global-batch-size", "8", "--epochs", "2"]
+    job += ["--save-every", "1000", "--step-delay", "0.05", *extra]
+    return start_launch("-n", "2", "--log-dir", str(log_dir), *job)
+
+
+def test_dataloader_workers_live_until_the_agreed_save(tmp_path: Path) -> None:
+    # torch's agent (and SLURM) signal the rank's whole process group: its DataLoader workers
+    # got the SIGTERM too, died first, and the rank failed on "DataLoader worker (pid N) is
+    # killed by signal: Terminated" before it could save. Three starts of one job, with a
+    # worker per rank: stopped by SIGTERM to the launcher, then (persistent workers) by SIGTERM
+    # to one rank, then run to the end; every sample is read once per epoch.
+    record, checkpoint = tmp_path / "record", tmp_path / "checkpoint"
+    record.mkdir()
+    saved: list[int] = []
+    for i, how in enumerate(("launcher", "one rank")):
+        log_dir = tmp_path / f"start{i}"
+        extra = ["--persistent-workers"] if how == "one rank" else []
+        launcher = _start(record, checkpoint, log_dir, *extra)
+        before = len(reads(record))
+        try:
+            wait_for(lambda n=before: len(reads(record)) >= n + 20, 120, "10 steps of this start")
+            workers = _workers_of(log_dir)
+            assert len(workers) == 2, workers  # one per rank
+            if how == "launcher":
+                launcher.send_signal(signal.SIGTERM)
+            else:
+                os.kill(pids_of(log_dir)[0], signal.SIGTERM)
+            _, err = launcher.communicate(timeout=120)
+        finally:
+            launcher.kill()
+            launcher.communicate(timeout=30)
+        assert "DataLoader worker" not in err, err[-4000:]
+        assert "and stopping: SIGTERM" in err, err[-4000:]
+        step = json.loads((checkpoint / "latest.json").read_text())["step"]
+        assert step > (saved[-1] if saved else 0)
+        saved.append(step)
+        assert_nothing_left(log_dir, *workers)
+    launcher = _start(record, checkpoint, tmp_path / "start2")
+    _, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 0, err[-4000:]
+    lines = committed_to(reads(record), saved)
+    for epoch in range(2):
+        counts = Counter(i for x in lines if x["epoch"] == epoch for i in x["ids"])
+        assert sorted(counts) == list(range(240)), f"epoch {epoch} missed samples"
+        assert set(counts.values()) == {1}, f"epoch {epoch} read samples twice"
+
+
+def committed_to(lines: list[dict[str, Any]], saves: list[int]) -> list[dict[str, Any]]:
+    """The reads of each start up to the step its stop saved (the last start: all of them)."""
+    kept = []
+    for line in lines:
+        start = sorted({x["resumed_from"] for x in lines}).index(line["resumed_from"])
+        if start >= len(saves) or line["step"] <= saves[start]:
+            kept.append(line)
+    return kept
