@@ -151,3 +151,37 @@ def test_a_node_that_dies_with_its_launcher_is_named_within_seconds(tmp_path: Pa
     assert "culprit: rank 1 and the other ranks of node 1: node 1 went away" in summary, summary
     assert took < 60, f"the job took {took:.0f} s to stop; its barrier's timeout is 300 s"
     assert_nothing_left(tmp_path / f"node{nodes.index(lives)}")
+
+
+def test_a_rendezvous_host_that_leaves_ends_the_other_node_with_one_line(tmp_path: Path) -> None:
+    # The store of a c10d rendezvous lives in the launcher on the --rdzv-endpoint host. When
+    # that node goes (its launcher SIGKILLed, its ranks with it), torch's agent on the other
+    # node raised RendezvousConnectionError through unidist launch as a raw traceback. Now: one
+    # "unidist launch:" line that names the endpoint and what to do.
+    port = free_port()
+    elastic = ["--rdzv-conf", "last_call_timeout=1", "-n", "1"]
+    host = start_launch(*c10d(port, "1:2", tmp_path / "host", *elastic), JOB, "wait")
+    first = tmp_path / "host"
+    wait_for(lambda: list(first.glob("*/.events/start-s0-r0.json")), 120, "the host's rank")
+    other = start_launch(*c10d(port, "1:2", tmp_path / "other", *elastic), JOB, "wait")
+    try:
+        logs = tmp_path / "other"
+        wait_for(
+            lambda: any("rank 1 of 2" in p.read_text() for p in logs.glob("**/rank1.stdout.log")),
+            120,
+            "the joined node's rank",
+        )
+        host.kill()
+        host.communicate(timeout=30)
+        _, err = other.communicate(timeout=120)
+    finally:
+        for node in (host, other):
+            node.kill()
+            node.communicate(timeout=30)
+    assert other.returncode == 1, err[-3000:]
+    summary = [line for line in err.splitlines() if line.startswith("unidist launch:")]
+    assert len(summary) == 1, err[-3000:]
+    assert f"lost the c10d rendezvous store at 127.0.0.1:{port}" in summary[0]
+    assert "Traceback" not in err.replace("[", "\n[").split("unidist launch:")[-1]
+    assert "HINT: keep the node that hosts the store" in err
+    assert_nothing_left(tmp_path / "other")

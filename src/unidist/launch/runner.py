@@ -499,7 +499,7 @@ def run(
 
     Raises:
         ConfigurationError: the log files cannot be written (checked before anything starts).
-        LaunchError: the rendezvous failed (no rank ran).
+        LaunchError: the rendezvous failed (no rank ran), or its store was lost afterwards.
     """
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -536,10 +536,8 @@ def run(
     except ConfigurationError:
         raise  # a log file that must not be written (checked again as it is created)
     except Exception as exc:
-        if job.current is not None:
-            raise
-        # Nothing started: the rendezvous (or the agent's set-up) failed; say where and why.
-        raise LaunchError(_rendezvous_failed(plan, exc), exit_code=1, culprit=None) from None
+        _raise_rendezvous_error(job, exc)
+        raise
     finally:
         watchdog.stop()
         watchdog.scan()
@@ -608,6 +606,47 @@ def _rendezvous_failed(plan: LaunchPlan, exc: BaseException) -> str:
         "HINT: every node must run unidist launch with the same --rdzv-endpoint, --rdzv-id and "
         "--nnodes, and HOST:PORT must be reachable from every node; the rendezvous waits "
         "join_timeout seconds (--rdzv-conf join_timeout=600) for the others.\n"
+    )
+
+
+def _raise_rendezvous_error(job: Run, exc: BaseException) -> None:
+    """A LaunchError in place of ``exc`` when the rendezvous is what failed (else nothing)."""
+    if job.current is None:
+        # Nothing started: the rendezvous (or the agent's set-up) failed; say where and why.
+        raise LaunchError(_rendezvous_failed(job.plan, exc), exit_code=1, culprit=None) from None
+    if _store_lost(exc):
+        # The ranks ran; then the rendezvous store went away (its host left): torch's agent
+        # stopped this node's ranks and raised from its next look at the store.
+        raise LaunchError(_rendezvous_lost(job, exc), exit_code=1, culprit=None) from None
+
+
+def _store_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (from torch's agent, after the ranks started) says the rendezvous store
+    cannot be reached: torch wraps the store's network error in RendezvousConnectionError."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    return isinstance(exc, RendezvousConnectionError | dist.DistNetworkError)
+
+
+def _rendezvous_lost(job: Run, exc: BaseException) -> str:
+    rdzv = job.plan.rdzv
+    starts = len(job.starts)
+    cause = exc.__cause__ or exc.__context__
+    first = str(exc).split("\n", 1)[0].replace(" See inner exception for details.", "")
+    if cause is not None:
+        first += f" ({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})"
+    first = first[:400]
+    return (
+        f"unidist launch: lost the {rdzv.backend} rendezvous store at {rdzv.endpoint} (id "
+        f"{rdzv.run_id!r}) after {starts} start(s) of this node's ranks: "
+        f"{type(exc).__name__}: {first} The store lives in the launcher that hosts it (the one "
+        "on the --rdzv-endpoint host): it left or stopped answering, and torch's agents cannot "
+        "go on without it, so this node's ranks were stopped.\n"
+        "HINT: keep the node that hosts the store for the whole job, or host the store on a "
+        "machine that stays (see 'Limits' in the elastic training guide); then start this "
+        "launcher again: with unidist.ResumableState the job resumes from its last "
+        "checkpoint.\n"
     )
 
 
