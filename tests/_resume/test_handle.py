@@ -161,15 +161,22 @@ import ctypes, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 a, b, stop = sys.argv[1].encode(), sys.argv[2].encode(), sys.argv[3]
 tries = swaps = 0
-print("racing", flush=True)
+said = set()
 while not os.path.exists(stop):
     tries += 1
-    swaps += libc.renameat2(-100, a, -100, b, 2) == 0  # AT_FDCWD, RENAME_EXCHANGE
+    done = libc.renameat2(-100, a, -100, b, 2) == 0  # AT_FDCWD, RENAME_EXCHANGE
+    swaps += done
+    word = "swapped" if done else "refused"
+    if word not in said:  # the first of each, so that the test knows the race is on
+        said.add(word)
+        print(word, flush=True)
 print(tries, swaps, flush=True)
 """
 
 
-def _race(first: Path, second: Path, stop: Path) -> subprocess.Popen[str]:
+def _race(first: Path, second: Path, stop: Path, expect: str) -> subprocess.Popen[str]:
+    """The other user swapping ``first`` and ``second`` until ``stop`` exists; returns once
+    it has ``expect``-ed (swapped, or been refused) at least once."""
     racer = subprocess.Popen(
         [
             "setpriv",
@@ -187,8 +194,11 @@ def _race(first: Path, second: Path, stop: Path) -> subprocess.Popen[str]:
         text=True,
     )
     assert racer.stdout is not None
-    assert racer.stdout.readline().strip() == "racing"
-    return racer
+    for line in racer.stdout:
+        if line.strip() == expect:
+            return racer
+    racer.wait(timeout=30)
+    raise AssertionError(f"the attacker never {expect} (exit code {racer.returncode})")
 
 
 def _planted_copy(source: Path, where: Path, marker: Path, inside: str = "") -> None:
@@ -221,7 +231,7 @@ def test_another_user_racing_rename_exchange_never_gets_a_pickle_loaded(
     _planted_copy(target, decoy, marker, "ckpt" if swapped == "its parent" else "")
     open_to_all.chmod(0o777)
     stop = base / "stop"
-    racer = _race(target, decoy, stop)
+    racer = _race(target, decoy, stop, "swapped")
     try:
         for _ in range(20):
             with pytest.raises(CheckpointError, match="without the sticky bit"):
@@ -229,7 +239,7 @@ def test_another_user_racing_rename_exchange_never_gets_a_pickle_loaded(
     finally:
         stop.touch()
         out, _ = racer.communicate(timeout=30)
-    _, swaps = (int(n) for n in out.split())
+    _, swaps = (int(n) for n in out.split()[-2:])
     assert swaps > 0, "the attacker never managed a swap: the race was not played"
     assert not marker.exists()
 
@@ -244,14 +254,14 @@ def test_with_the_sticky_bit_the_other_user_cannot_swap_and_the_job_resumes(base
     _planted_copy(victim, shared / "decoy", marker)
     shared.chmod(0o1777)
     stop = base / "stop"
-    racer = _race(victim, shared / "decoy", stop)
+    racer = _race(victim, shared / "decoy", stop, "refused")
     try:
         for _ in range(20):
             assert _restored(victim) == 1.0
     finally:
         stop.touch()
         out, _ = racer.communicate(timeout=30)
-    tries, swaps = (int(n) for n in out.split())
+    tries, swaps = (int(n) for n in out.split()[-2:])
     assert (tries > 0, swaps) == (True, 0)  # EPERM every time: the sticky bit holds
     assert not marker.exists()
 
