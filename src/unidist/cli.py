@@ -67,6 +67,13 @@ def _add_launch(commands: argparse._SubParsersAction[CommandParser]) -> None:
     smoke.add_argument("-n", "--nproc", default="2", help="processes (default 2, or 'auto')")
     smoke.add_argument("--backend", default=None, help="gloo, nccl, ... (default: unidist's)")
     smoke.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
+    report = commands.add_parser(
+        "report",
+        help="show a run's hang and straggler reports again (hang.json, stragglers.json)",
+        description="Render the hang report (hang.json) and the straggler report "
+        "(stragglers.json) that unidist launch wrote in a run folder.",
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run folder unidist launch made")
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -112,6 +119,28 @@ def _smoke(args: argparse.Namespace) -> int:
     return report.exit_code  # pragma: no cover (_finish exits)
 
 
+def _report(run_dir: str) -> int:
+    from pathlib import Path
+
+    from unidist.errors import ConfigurationError
+    from unidist.launch.hang import render
+
+    folder = Path(run_dir)
+    if not folder.is_dir():
+        raise ConfigurationError(
+            f"{run_dir!r} is not a folder. HINT: give a run folder of unidist launch (each run "
+            "makes one in --log-dir, or in the per-user temp folder; its path is in the report)."
+        )
+    text = render(folder)
+    if not text:
+        raise ConfigurationError(
+            f"{run_dir} holds no hang.json or stragglers.json: the run was not called hung, or "
+            "it is not a run folder of unidist launch."
+        )
+    print(text, end="")
+    return 0
+
+
 def _finish(report: Report) -> None:
     """Print the report and leave with the job's exit code, skipping this process's teardown.
 
@@ -144,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _launch(args)
         if args.command == "smoke":
             return _smoke(args)
+        if args.command == "report":
+            return _report(args.run_dir)
     except LaunchError as exc:  # the job could not start (a rendezvous that never completed)
         print(exc.report, file=sys.stderr, end="")
         return exc.exit_code

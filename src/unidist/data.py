@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from unidist import collectives, ranks
+from unidist._progress import sampler as progress
 from unidist._resume import workers
 from unidist._sampling.passes import PassSampler, check_flag, check_int
 from unidist.errors import ConfigurationError, TopologyError
@@ -133,6 +134,7 @@ class _Counting(Iterator[Any]):
             raise
         self._delivered += 1
         self._sampler._loader_progress(self._delivered * self._per_batch, False)
+        progress.step()
         return batch
 
     def __len__(self) -> int:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from unidist import _env, ranks
+from unidist._progress import sampler as progress
 from unidist._resume import folder as files
 from unidist._resume import records
 from unidist._resume.handle import Dir
@@ -369,6 +370,7 @@ class ResumableState:
         if self._restored is None:
             self.restore()
         self._steps += 1
+        progress.step()
         stop = self._vote.cast(self._steps, self._stops.received) if self._stops.signums else 0
         if stop or (self.save_every and self._steps % self.save_every == 0):
             self._checkpoint(wait=False)  # training goes on while rank 0 makes it count

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,12 @@ import torch
 import unidist
 from tests._waiting import wait_for
 from unidist.errors import ConfigurationError
-from unidist.testing import DistributedTestError, DistributedTestTimeout, run_distributed
+from unidist.testing import (
+    DistributedTestError,
+    DistributedTestHang,
+    DistributedTestTimeout,
+    run_distributed,
+)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -181,3 +187,60 @@ def _kill_the_caller_and_check(script: Path, folder: Path, temp: Path) -> None:
         time.sleep(0.1)
     assert [pid for pid in pids if _alive(pid)] == [], "ranks or the fork server survived"
     assert no_run_folders(temp) == []
+
+
+# -- hangs: named within seconds, as unidist launch names them -----------------------------------
+
+
+def slow_step() -> None:
+    time.sleep(300)  # the stuck line
+
+
+def stuck_in_user_code(mode: str) -> None:
+    import torch
+
+    for step in range(50):
+        if unidist.get_rank() == 1 and step == 3:
+            if mode == "sleep":
+                slow_step()
+            if mode == "sigstop":
+                time.sleep(0.5)  # a look of the progress sampler lands here
+                os.kill(os.getpid(), signal.SIGSTOP)
+        tensor = torch.ones(2)
+        if mode == "diverge" and step == 3 and unidist.get_rank() == 1:
+            unidist.broadcast(tensor, src=0)
+        else:
+            unidist.all_reduce(tensor)
+        if mode == "straggler":
+            time.sleep(0.1 if unidist.get_rank() == 1 else 0.02)
+
+
+def _line(text: str) -> int:
+    source = Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(source, 1) if text in line)
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        ("sleep", f"rank 1 is in user code at test_harness.py:{_line('# the stuck line')} in "
+         "slow_step while rank 0 waits in all_reduce #"),
+        ("sigstop", "rank 1 is frozen (SIGSTOP or a debugger) at test_harness.py:"
+         f"{_line('a look of the progress sampler')} in stuck_in_user_code while rank 0 waits "
+         "in all_reduce #"),
+        ("diverge", "ranks diverged: rank 0 in all_reduce #"),
+    ],
+)  # fmt: skip
+def test_a_hang_is_named_long_before_the_timeout(mode: str, said: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(DistributedTestHang) as caught:
+        run_distributed(stuck_in_user_code, mode, timeout=240, hang_timeout=5)
+    assert time.monotonic() - started < 120  # not the 240 s of the whole run
+    assert caught.value.verdict.startswith(said), caught.value.verdict
+    assert "no rank made progress for" in str(caught.value)
+    assert caught.value.unfinished  # killed
+    assert isinstance(caught.value, DistributedTestTimeout)  # what a timeout handler catches
+
+
+def test_a_straggler_is_no_hang() -> None:
+    run_distributed(stuck_in_user_code, "straggler", timeout=120, hang_timeout=3)

@@ -30,7 +30,9 @@ from unidist._env.process import (
 )
 from unidist._env.reading import (
     LAUNCHER_MARKER,
+    PROGRESS,
     Settings,
+    progress_file,
     read,
     read_settings,
     run_id,
@@ -42,6 +44,7 @@ from unidist._env.topology import EnvReading, Topology
 __all__ = [
     "EnvReading",
     "LAUNCHER_MARKER",
+    "PROGRESS",
     "Settings",
     "Topology",
     "environ_copy",
@@ -49,6 +52,7 @@ __all__ = [
     "is_set",
     "rendezvous_store_shared",
     "patched",
+    "progress_file",
     "read",
     "read_settings",
     "replace_all",

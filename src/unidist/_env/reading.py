@@ -17,7 +17,20 @@ from unidist._env.schedulers import MPI_FLAVOURS, from_mpi, from_slurm, is_srun_
 from unidist._env.topology import EnvReading, finish, int_var, port_var
 from unidist.errors import ConfigurationError, TopologyError
 
-__all__ = ["LAUNCHER_MARKER", "Settings", "read", "read_settings", "run_id", "timeout_seconds"]
+__all__ = [
+    "LAUNCHER_MARKER",
+    "PROGRESS",
+    "Settings",
+    "progress_file",
+    "read",
+    "read_settings",
+    "run_id",
+    "timeout_seconds",
+]
+
+#: Set by ``unidist launch`` and the test harness in each rank: where it keeps its progress
+#: record (see ``unidist._progress``).
+PROGRESS = "UNIDIST_PROGRESS"
 
 #: Set by ``unidist launch`` and the test harness in every process they start.
 LAUNCHER_MARKER = "UNIDIST_LAUNCHER"
@@ -35,6 +48,8 @@ class Settings:
     launcher: str | None = None
     #: ``UNIDIST_TESTING_PRELOAD``: modules the test harness's fork server imports.
     testing_preload: tuple[str, ...] | None = None
+    #: ``UNIDIST_HANG_TIMEOUT``: ``unidist launch``'s ``--hang-timeout`` (parsed by the launcher).
+    hang_timeout: str | None = None
 
 
 def read(environ: Mapping[str, str] | None = None) -> EnvReading:
@@ -95,7 +110,14 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
         testing_preload=None
         if preload is None
         else tuple(name.strip() for name in preload.split(",") if name.strip()),
+        hang_timeout=env.get("UNIDIST_HANG_TIMEOUT") or None,
     )
+
+
+def progress_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where this rank keeps its progress record (``UNIDIST_PROGRESS``), if its launcher asked."""
+    env = os.environ if environ is None else environ
+    return env.get(PROGRESS) or None
 
 
 def run_id(environ: Mapping[str, str] | None = None) -> str | None:

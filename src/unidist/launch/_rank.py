@@ -11,6 +11,8 @@ culprit. Each rank also:
 * dies at once on SIGINT from the launcher instead of waiting in a collective for a
   KeyboardInterrupt that cannot be delivered (a script's own signal handler still wins);
 * asks Linux to kill it if the launcher itself dies (no orphans);
+* keeps its progress record (``UNIDIST_PROGRESS``: a thread that says where the rank is, for the
+  launcher's hang and straggler reports, :mod:`unidist._progress`);
 * exports ``NODE_RANK`` (torch's agent only sets ``GROUP_RANK``) for Composer's ``dist``;
 * keeps room on the disk for its error file, written there when its log has filled the disk;
 * works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`).
@@ -86,7 +88,19 @@ def prepare_rank(python: bool = True) -> None:
         _prefix_store_by_attempt()
         _bind_group_store_to_master_addr()
         records.reserve()  # room for its error file, should its log fill the disk
+        _record_progress()
     _write("start", {})
+
+
+def _record_progress() -> None:
+    """Start the thread that keeps this rank's progress record (hang and straggler reports)."""
+    from unidist import _env
+
+    path = _env.progress_file()
+    if path:
+        from unidist._progress import sampler
+
+        sampler.start(path)
 
 
 def die_with_parent() -> None:
@@ -334,6 +348,9 @@ def record_error(exc: BaseException) -> None:
 
 def record_done() -> None:
     """Record that this rank finished normally."""
+    from unidist._progress import sampler
+
+    sampler.finish()
     _write("done", {})
     records.release()
     records.await_leave()

@@ -115,6 +115,48 @@ def _count(value: int | None, option: str, low: int, high: int | None = None) ->
         raise ConfigurationError(f"{option} {value} is out of range: it must be {bound}.")
 
 
+def hang_timeout(value: str | None, source: str) -> float | None:
+    """``--hang-timeout`` (or ``UNIDIST_HANG_TIMEOUT``): None for ``auto``, 0 for off, seconds.
+
+    Raises:
+        ConfigurationError: neither ``auto`` nor a number of seconds (0 or more).
+    """
+    if value is None or value.strip().lower() == "auto":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"{source} {value!r} is neither 'auto' nor a number of seconds. HINT: e.g. "
+            f"{source} 300, {source} 0 to turn hang detection off, or {source} auto."
+        ) from None
+    check_seconds(seconds, source, zero_ok=True, example="300")
+    return seconds
+
+
+def straggler_every(value: str | None) -> float | None:
+    """``--straggler-report``: None for ``end`` (the default), 0 for ``off``, else seconds.
+
+    Raises:
+        ConfigurationError: neither ``end``, ``off`` nor a number of minutes above 0.
+    """
+    if value is None or value.strip().lower() == "end":
+        return None
+    if value.strip().lower() == "off":
+        return 0.0
+    try:
+        minutes = float(value)
+    except ValueError:
+        minutes = -1.0
+    if not math.isfinite(minutes) or minutes <= 0:
+        raise ConfigurationError(
+            f"--straggler-report {value!r} is not 'end', 'off' or a number of minutes above 0. "
+            "HINT: e.g. --straggler-report 10 (every 10 minutes and at the end)."
+        )
+    check_seconds(minutes * 60, "--straggler-report (in seconds)", example="600")
+    return minutes * 60
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Every number option of ``unidist launch``: finite, and in its range.
 

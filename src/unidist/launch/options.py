@@ -295,6 +295,22 @@ def _agent(parser: argparse.ArgumentParser) -> None:
         help="once a rank has finished, seconds the others get to finish before they are "
         "reported as hung and killed (default 600; 0 waits for ever)",
     )
+    add(
+        "--hang-timeout",
+        default=None,
+        metavar="SECONDS",
+        help="when no rank makes progress (collectives, steps, its own code moving) for SECONDS, "
+        "report where every rank is and stop the job with exit code 125; 0 turns it off "
+        "(default 'auto': ten times the longest silence seen, at least 2 minutes, 5 in the "
+        "first 10; also UNIDIST_HANG_TIMEOUT)",
+    )
+    add(
+        "--straggler-report",
+        default=None,
+        metavar="MINUTES",
+        help="report ranks consistently slower than the others every MINUTES as well as at the "
+        "end; 'end' (the default): at the end only; 'off': never",
+    )
     add(*_both("--signals-to-handle"), default=None, help=argparse.SUPPRESS)
     add(*_both("--event-log-handler"), default=None, help=argparse.SUPPRESS)
     add(*_both("--numa-binding"), default=None, help=argparse.SUPPRESS)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from unidist import _env
 from unidist.errors import ConfigurationError
 from unidist.launch import checks, rundir
 from unidist.launch.console import ConsoleSpec, parse_ranks, parse_std
@@ -106,6 +107,10 @@ class LaunchPlan:
         grace: seconds a stopped rank gets after SIGTERM before SIGKILL.
         exit_timeout: once a rank has finished, seconds the others get to finish too before
             they are reported as hung and killed (0: wait for ever).
+        hang_timeout: seconds without progress before the job is called hung and stopped
+            (``--hang-timeout``): None for the adaptive default, 0 for never.
+        straggler_every: seconds between straggler reports while the job runs (None: at the
+            end only; 0: never).
         torch_options: ``LaunchConfig`` fields only newer torch releases have, as given.
         notes: where values came from (SLURM, defaults), for --dry-run.
         logs_specs: a ``torchrun.logs_specs`` entry point that places the ranks' output
@@ -128,6 +133,8 @@ class LaunchPlan:
     timeout: float | None = None
     grace: float = 3.0
     exit_timeout: float = 600.0
+    hang_timeout: float | None = None
+    straggler_every: float | None = None
     torch_options: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     logs_specs: ChosenLogsSpecs | None = None
@@ -255,12 +262,20 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
         timeout=args.timeout,
         grace=grace,
         exit_timeout=args.exit_timeout,
+        hang_timeout=_hang_timeout(args),
+        straggler_every=checks.straggler_every(args.straggler_report),
         torch_options=_torch_options(args),
         notes=tuple(notes),
         logs_specs=_logs_specs(args),
     )
     check_log_places(plan)
     return plan
+
+
+def _hang_timeout(args: argparse.Namespace) -> float | None:
+    if args.hang_timeout is not None:
+        return checks.hang_timeout(args.hang_timeout, "--hang-timeout")
+    return checks.hang_timeout(_env.read_settings().hang_timeout, "UNIDIST_HANG_TIMEOUT")
 
 
 def _console(args: argparse.Namespace, rdzv: Rendezvous, nproc: int) -> ConsoleSpec:

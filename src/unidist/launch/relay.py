@@ -34,6 +34,13 @@ timeout in a collective) and their launcher then blames one of its own ranks. Wi
   torch's client would answer with a C++ warning and its stack on the launcher's stderr. Such a
   node no longer learns of a failure elsewhere: its own ranks' outcome is what it reports.
 
+* for hang attribution, each launcher adds its ranks' progress to one counter (one ``add`` per
+  poll, O(1) per launcher), so a node whose ranks wait while another node's work knows the job
+  is not silent; the first launcher to call a hang raises a flag (``compare_set``), the others
+  call it at their next poll, and each publishes its ranks' facts under a key of its own and
+  reads every node's (O(nodes), once per hang), so every node prints the same report; a node
+  whose facts do not come within :data:`GATHER` seconds is named as not answering.
+
 The store is torch's: the static rendezvous's ``TCPStore`` on ``--master-addr`` or the c10d
 rendezvous's at ``--rdzv-endpoint`` (other backends: no relay). The relay opens a client of its
 own there, so its short deadlines never touch the agent's connection. Keys are scoped by the run
@@ -59,6 +66,7 @@ from datetime import timedelta
 from typing import Any
 
 from unidist._comm.link import Link, connect_within
+from unidist._progress.verdict import RankFacts
 
 __all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
 
@@ -80,6 +88,9 @@ _MAX_RECORD = 8192
 _LEFT = 1 << 40
 _MAX_TEXT = 600
 _MAX_PATH = 4096
+#: Seconds a launcher that called a hang waits for every node's facts.
+GATHER = 5.0
+_MAX_FACTS = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -147,6 +158,75 @@ def decode(raw: bytes | str, world_size: int, nproc: int) -> Failure | None:
         _text(data["stderr"], _MAX_PATH),
     )
     return Failure(**data) if all(checks) else None
+
+
+def _facts(raw: bytes | str, node: int, current: tuple[str, int, int]) -> list[RankFacts] | None:
+    """Another node's facts as its launcher published them, or None unless well formed: only
+    that node's ranks, plain numbers and printable, bounded texts (never unpickled)."""
+    try:
+        data = raw.decode() if isinstance(raw, bytes) else raw
+        if len(data) > _MAX_FACTS:
+            return None
+        items = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(items, list):
+        return None
+    nproc = current[2]
+    found = []
+    for item in items[:nproc]:
+        fact = _fact(item)
+        if fact is None or fact.node != node or not node * nproc <= fact.rank < (node + 1) * nproc:
+            return None
+        found.append(fact)
+    return found
+
+
+def _fact(item: Any) -> RankFacts | None:
+    if not isinstance(item, dict):
+        return None
+    texts = ("host", "status", "state", "op")
+    numbers = ("rank", "node", "seq", "steps")
+    if not all(_text(item.get(name), _MAX_TEXT) for name in texts):
+        return None
+    if not all(isinstance(item.get(name), int) and item[name] >= 0 for name in numbers):
+        return None
+
+    def frame(value: Any) -> str:
+        if not isinstance(value, dict) or not _text(str(value.get("file")), _MAX_PATH):
+            return ""
+        line, function = value.get("line"), value.get("function")
+        if not (line is None or isinstance(line, int)) or not _text(str(function), _MAX_TEXT):
+            return ""
+        return f"{value.get('file')}:{line} {function}"
+
+    def number(name: str) -> float | None:
+        value = item.get(name)
+        return float(value) if isinstance(value, int | float) and value >= 0 else None
+
+    code = item.get("exit_code")
+    samples = item.get("samples")
+    return RankFacts(
+        rank=item["rank"],
+        node=item["node"],
+        host=item["host"],
+        status=item["status"],
+        state=item["state"],
+        op=item["op"],
+        seq=item["seq"],
+        frame=frame(item.get("frame")),
+        where=frame(item.get("where")),
+        steps=item["steps"],
+        exit_code=code if isinstance(code, int) else None,
+        stuck_s=number("stuck_s"),
+        silent_s=number("silent_s"),
+        pid=item["pid"] if isinstance(item.get("pid"), int) else None,
+        samples={
+            k: v
+            for k, v in (samples.items() if isinstance(samples, dict) else [])
+            if k in ("user", "comm", "data", "backward") and isinstance(v, int) and v >= 0
+        },
+    )
 
 
 def lost(node: int, nproc: int, silent: float, watcher: int) -> Failure:
@@ -229,6 +309,12 @@ class Relay(threading.Thread):
         self._leave: tuple[str, Callable[[], None]] | None = None  # asked: (round, then)
         self._left: str | None = None  # the round this launcher left (its ranks all finished)
         self.errors = 0  # failed round trips, for the curious
+        self._progress = (0, 0)  # (this node's count, what was added to the store of it)
+        self._total = 0  # the job's progress count, as the store last said
+        self._hang_elsewhere = False  # another node called a hang in this round
+        self._hang_out: str | None = None  # this node's facts, to publish
+        self._hang_in: dict[int, list[RankFacts]] = {}
+        self._hang_done = threading.Event()
 
     # -- the watchdog's side -------------------------------------------------------------------
 
@@ -242,6 +328,9 @@ class Relay(threading.Thread):
             self._node = node_rank
             self._pending, self._received, self._acked = None, None, None
             self._published.clear()
+            self._progress, self._total, self._hang_elsewhere = (0, 0), 0, False
+            self._hang_out, self._hang_in = None, {}
+            self._hang_done.clear()
         self._wake.set()
 
     def publish(self, failure: Failure) -> None:
@@ -264,6 +353,44 @@ class Relay(threading.Thread):
             then()
             return
         self._wake.set()
+
+    def progress(self, count: int) -> int:
+        """This node's progress count is ``count``; returns the job's, as last seen (0: none)."""
+        with self._lock:
+            self._progress = (count, self._progress[1])
+            return self._total
+
+    def hang_called(self) -> bool:
+        """Whether another node's launcher called a hang in this round."""
+        with self._lock:
+            return self._hang_elsewhere
+
+    def hang_facts(self, facts: list[RankFacts], nodes: int) -> tuple[list[RankFacts], list[int]]:
+        """Share this node's ``facts`` and gather every node's (at most :data:`GATHER` s):
+        (every rank's facts, the nodes that did not answer)."""
+        with self._lock:
+            current = self._round
+            node = self._node
+        if current is None:
+            return facts, []
+        nodes = max(1, current[1] // current[2])
+        payload = json.dumps([f.to_json() for f in facts])[:_MAX_FACTS]
+        with self._lock:
+            self._hang_out = payload
+            self._hang_in = {node: facts}
+            self._hang_done.clear()
+        self._wake.set()
+        self._hang_done.wait(timeout=GATHER + 2 * DEADLINE)
+        with self._lock:
+            gathered = dict(self._hang_in)
+        missing = [n for n in range(nodes) if n not in gathered]
+        for n in missing:  # its launcher did not answer: its ranks are as silent as it is
+            gathered[n] = [
+                RankFacts(rank, n, f"node {n}", "silent")
+                for rank in range(n * current[2], (n + 1) * current[2])
+            ]
+        every = [fact for n in sorted(gathered) for fact in gathered[n]]
+        return every, missing
 
     def received(self) -> Failure | None:
         """The job's culprit as the store says, once known (this round only)."""
@@ -323,6 +450,8 @@ class Relay(threading.Thread):
                     self._send(current, pending)
                 continue
             self._beat(current)
+            self._sync_progress(current)
+            self._hang_step(current)
             if pending is not None:
                 self._send(current, pending)
             elif not settled:
@@ -426,6 +555,53 @@ class Relay(threading.Thread):
         silent = self._watch.silent(count, time.monotonic())
         if silent >= self.lost:
             self.publish(lost(node, current[2], silent, me))
+
+    def _sync_progress(self, current: tuple[str, int, int]) -> None:
+        """Add what this node progressed since the last poll; read the job's total."""
+        with self._lock:
+            count, sent = self._progress
+        total = self._add(self._key(current[0], "progress"), max(0, count - sent))
+        if total is None:
+            return
+        with self._lock:
+            if self._round == current:
+                self._progress = (self._progress[0], max(sent, count))
+                self._total = total
+
+    def _hang_step(self, current: tuple[str, int, int]) -> None:
+        """Learn of a hang called elsewhere; publish this node's facts and gather the others'."""
+        flag = self._key(current[0], "hang")
+        with self._lock:
+            payload, node, elsewhere = self._hang_out, self._node, self._hang_elsewhere
+        if payload is None:
+            if not elsewhere and self._call(lambda store: store.check([flag])):
+                with self._lock:
+                    self._hang_elsewhere = self._round == current
+            return
+        self._call(lambda store: store.compare_set(flag, "", str(node)))
+        self._call(lambda store: store.set(self._key(current[0], f"hang/{node}"), payload))
+        deadline = time.monotonic() + GATHER
+        nodes = max(1, current[1] // current[2])
+        while time.monotonic() < deadline and not self._halt.is_set():
+            with self._lock:
+                have = set(self._hang_in)
+            for other in range(nodes):
+                if other in have:
+                    continue
+                key = self._key(current[0], f"hang/{other}")
+                if self._call(lambda store, key=key: store.check([key])):
+                    raw = self._call(lambda store, key=key: store.get(key))
+                    facts = _facts(raw, other, current) if raw is not None else None
+                    if facts is not None:
+                        with self._lock:
+                            self._hang_in[other] = facts
+            with self._lock:
+                if len(self._hang_in) >= nodes:
+                    break
+            time.sleep(POLL / 5)
+        with self._lock:
+            self._hang_out = None
+        self._hang_done.set()
 
     def _send(self, current: tuple[str, int, int], failure: Failure) -> None:
         key, value = self._key(current[0], "failed"), encode(failure)

@@ -29,6 +29,7 @@ from unidist.launch.records import Slot, Start
 from unidist.launch.watch import Observed, RankState
 
 if TYPE_CHECKING:
+    from unidist.launch.hang import HangReport, StragglerReport
     from unidist.launch.plan import LaunchPlan
 
 __all__ = [
@@ -58,7 +59,9 @@ class RankOutcome:
     rank: int
     local_rank: int
     host: str
-    status: str  # ok | raised | crashed | hung | collateral | timeout | stopped | lost (a node)
+    #: ok | raised | crashed | hung | collateral | timeout | stopped | returned (its script
+    #: ended while others still waited for it) | lost (a node)
+    status: str
     detail: str
     exit_code: int | None
     time_ns: int | None
@@ -83,6 +86,10 @@ class Report:
     several_nodes: bool = False
     #: (world size of this start, of the start that replaced it) when the two differ.
     resized: tuple[int, int] | None = None
+    #: The hang the launcher called in this start (it then stopped every rank).
+    hang: HangReport | None = None
+    #: The ranks consistently slower than the others (printed when there are any).
+    stragglers: StragglerReport | None = None
 
     @property
     def failed(self) -> bool:
@@ -95,15 +102,23 @@ class Report:
         job that succeeded at once."""
         if not self.failed:
             if not self.earlier:
-                return ""
+                return self._straggler_text()
             where = " on this node" if self.several_nodes else ""
             return (
                 f"unidist launch: all {len(self.outcomes)} ranks{where} succeeded after "
                 f"{len(self.earlier)} restart(s); {self._history()}.\n"
-            )
+            ) + self._straggler_text()
         lines = [f"unidist launch: the job failed (exit code {self.exit_code})."]
         if self.interrupted:
             lines[0] = f"unidist launch: interrupted by {self.interrupted}; every rank was stopped."
+        if self.hang is not None:
+            logs = {o.rank: o.stderr for o in self.outcomes if not o.remote}
+            return (
+                self.hang.format(logs)
+                + f"  every rank was stopped (exit code {self.exit_code}); hang.json in the run "
+                "folder has the same facts (unidist report RUN_DIR shows them again)\n"
+                + self._straggler_text()
+            )
         if self.earlier:
             lines.append(f"  after {len(self.earlier)} restart(s): {self._history()}")
         if self.culprit is not None:
@@ -124,10 +139,16 @@ class Report:
                     lines.extend("  " + line for line in _excerpt(outcome, 6))
         return "\n".join(lines) + "\n"
 
+    def _straggler_text(self) -> str:
+        return self.stragglers.format() if self.stragglers is not None else ""
+
     def _history(self) -> str:
         """``attempt 0 failed: rank 1 ... (logs: ...); attempt 1 ...`` for the earlier starts."""
         parts = []
         for attempt, report in enumerate(self.earlier):
+            if report.hang is not None:
+                parts.append(f"attempt {attempt} hung: {report.hang.verdict}")
+                continue
             culprit = report.culprit
             if culprit is None:
                 failed = [o for o in report.outcomes if o.status not in ("ok", "stopped")]
@@ -287,6 +308,7 @@ def analyse(
     seen: Observed,
     plan: LaunchPlan,
     interrupted: str | None = None,
+    progress: dict[int, tuple[int, str, int]] | None = None,
 ) -> Report:
     """Classify every rank of this node's last start and find the culprit.
 
@@ -297,6 +319,8 @@ def analyse(
         seen: what the watchdog saw of that start.
         plan: the run's plan.
         interrupted: the signal that interrupted the launcher, if any.
+        progress: rank -> (steps, the collective it was in or "", its sequence number), from
+            the ranks' progress records (the last look).
     """
     found = records.read(events, start.index) if start is not None else {}
     slots = start.slots.values() if start is not None else []
@@ -312,7 +336,7 @@ def analyse(
         if exit_codes:  # torch saw a failure the records cannot place: never report success
             return Report(outcomes, None, exit_code_of(next(iter(exit_codes.values()))) or 1)
         return Report(outcomes, None, 0)
-    culprit = _culprit(outcomes, seen)
+    culprit = _returned_early(outcomes, found, progress or {}) or _culprit(outcomes, seen)
     code: int | None = next((o.exit_code for o in sorted(failures, key=_when) if o.exit_code), None)
     if culprit is not None and culprit.status in _OWN and culprit.exit_code:
         code = culprit.exit_code
@@ -366,6 +390,32 @@ def _terminated(o: RankOutcome) -> bool:
 
 def _when(o: RankOutcome) -> int:
     return o.time_ns if o.time_ns is not None else 2**63
+
+
+def _returned_early(
+    outcomes: list[RankOutcome],
+    found: dict[tuple[str, int], dict[str, Any]],
+    progress: dict[int, tuple[int, str, int]],
+) -> RankOutcome | None:
+    """A rank that returned from its script while another still waited for it in a collective
+    (uneven data): the others fail when its sockets close (gloo) and would blame one another."""
+    waited = sorted((o for o in outcomes if o.status in _WAITED), key=_when)
+    if not waited or any(o.status in _OWN for o in outcomes):
+        return None
+    early = [o for o in outcomes if ("done", o.rank) in found and o.status in ("ok", "stopped")]
+    if not early:
+        return None
+    culprit, waiter = early[0], waited[0]
+    steps = progress.get(culprit.rank, (0, "", 0))[0]
+    _, op, seq = progress.get(waiter.rank, (0, "", 0))
+    where = f"{op} #{seq}" if op else "a collective"
+    culprit.status, culprit.exit_code = "returned", None
+    culprit.detail = (
+        f"returned from its script (exit code 0) after {steps} step(s) while rank "
+        f"{waiter.rank} still waited for it in {where}: every rank must run the same "
+        "collectives (uneven data? give every rank the same number of batches)"
+    )
+    return culprit
 
 
 def _culprit(outcomes: list[RankOutcome], seen: Observed) -> RankOutcome | None:

@@ -34,10 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from unidist import _env
+from unidist._progress import record as progress_record
+from unidist._progress.record import State
 from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch import onenode, records, relay, rundir
 from unidist.launch.console import Console
 from unidist.launch.exits import ExitClock
+from unidist.launch.hang import HANG_EXIT_CODE, HangReport, HangWatch, StragglerReport
+from unidist.launch.hang import write as write_report
 from unidist.launch.plan import LaunchPlan, probe_templates
 from unidist.launch.records import Slot, Start
 from unidist.launch.report import (
@@ -74,6 +78,8 @@ class Run:
         self.earlier: list[Report] = []
         #: What the watchdog saw of the latest start (set by :func:`run`).
         self.observed: Callable[[], Observed] | None = None
+        #: start index -> the hang the watchdog called in it.
+        self.hangs: dict[int, HangReport] = {}
         #: Hand torch's agent the log files unidist opened (``/proc/self/fd/N``) instead of
         #: their paths where another user could replace a path between unidist's checks and
         #: torch's open (a folder others may write to, without the sticky bit); torch's agent
@@ -109,6 +115,7 @@ class Run:
             rank, node = int(env["RANK"]), int(env.get("GROUP_RANK", "0"))
             env[records.EVENTS], env[records.START] = str(self.events), str(index)
             env[records.ERROR_FILE] = str(records.error_file(self.events, index, rank))
+            env[_env.PROGRESS] = str(progress_record.path_for(self.events, rank, index))
             if _relayed(plan):
                 env[records.AWAIT_LEAVE] = "1"
             if given is not None:  # "": the launcher's own stream, not a file
@@ -178,6 +185,7 @@ class Run:
             report = analyse(start, self.events, {}, seen, self.plan)
         except Exception:  # a summary must never stop a restart
             report = Report([], None, 1)
+        report.hang = self.hangs.get(start.index)
         world_size = next(iter(start.slots.values())).world_size if start.slots else 0
         if start.slots and world_size != next_world_size:
             report.resized = (world_size, next_world_size)
@@ -259,6 +267,10 @@ class _Watchdog(threading.Thread):
         # Look more often than torch's agent, which reaps exited ranks (their status with them).
         self._interval = min(0.05, run.plan.monitor_interval / 2)
         self.clock = ExitClock(self._interval)  # when each rank exited, to the millisecond
+        self.hang = HangWatch(run.events, run.plan.hang_timeout)
+        self._hosts: dict[int, str] = {}
+        every = run.plan.straggler_every
+        self._stragglers_at = time.monotonic() + every if every else None
 
     def run(self) -> None:
         while not self._halt.wait(self._interval):
@@ -312,11 +324,68 @@ class _Watchdog(threading.Thread):
             self._relay(start, found)
         if (self.seen.failed_on_their_own or self.seen.remote) and self._deadline is None:
             self._stop_survivors(procs, found)
+        self._look_for_hangs(start, procs, found)
         if self._deadline is not None and time.monotonic() > self._deadline:
             for rank, proc in procs.items():
                 if not self.seen.watch(rank).gone:
                     _signal(proc, signal.SIGKILL)
         self._watch_exits(procs)
+
+    def _look_for_hangs(
+        self, start: Start, procs: dict[int, tuple[int, int | None]], found: dict[Any, Any]
+    ) -> None:
+        """Call a hang when no rank made progress for the hang timeout; report stragglers."""
+        for rank in procs:
+            self._hosts.setdefault(rank, str(found.get(("start", rank), {}).get("host", "?")))
+        if self._deadline is not None or not procs:
+            return  # already stopping the job
+        elsewhere = self.relay.progress(self.hang.progress_count()) if self.relay else 0
+        hung = self.hang.look(start, self.seen, elsewhere)
+        if hung or (self.relay is not None and self.hang.enabled and self.relay.hang_called()):
+            self._call_hang(start, procs, found)
+        if self._stragglers_at is not None and time.monotonic() >= self._stragglers_at:
+            self._stragglers_at = time.monotonic() + (self.run_.plan.straggler_every or 0)
+            report = self.stragglers(final=False)
+            if report is not None and report.found:
+                sys.stderr.write(report.format())
+                sys.stderr.flush()
+
+    def _call_hang(
+        self, start: Start, procs: dict[int, tuple[int, int | None]], found: dict[Any, Any]
+    ) -> None:
+        live = {rank: proc for rank, proc in procs.items() if not self.seen.watch(rank).gone}
+        facts = self.hang.facts(start, procs, self.seen, self._hosts, _frozen)
+        missing: list[int] = []
+        if self.relay is not None:
+            facts, missing = self.relay.hang_facts(facts, self.run_.plan.rdzv.max_nodes)
+        for fact in facts:
+            if fact.status == "frozen" and fact.rank in live:
+                _signal(live[fact.rank], signal.SIGCONT)  # so that it can dump its stacks
+        self.hang.ask_for_stacks(start, live)
+        report = self.hang.call(facts, missing)
+        self.run_.hangs[start.index] = report
+        with contextlib.suppress(OSError):
+            write_report(self.run_.folder, "hang.json", report.to_json())
+        self._stop_survivors(procs, found)
+
+    def progress(self) -> dict[int, tuple[int, str, int]]:
+        """Each rank's last progress: (steps, the collective it was in, its sequence number)."""
+        return {
+            rank: (snap.steps, snap.op if snap.state is State.COLLECTIVE else "", snap.world_seq)
+            for rank, snap in self.hang.snapshots.items()
+        }
+
+    def stragglers(self, final: bool) -> StragglerReport | None:
+        """The straggler report of the latest start so far (written to stragglers.json)."""
+        start = self.run_.current
+        if start is None or self.run_.plan.straggler_every == 0:
+            return None
+        facts = self.hang.facts(start, {}, self.seen, self._hosts, lambda pid: False)
+        report = self.hang.straggler_report(facts)
+        if final or report.found:
+            with contextlib.suppress(OSError):
+                write_report(self.run_.folder, "stragglers.json", report.to_json())
+        return report
 
     def _check(
         self, rank: int, proc: tuple[int, int | None], found: dict[Any, Any], start: int
@@ -546,8 +615,15 @@ def run(
         job.release()
         if console is not None:
             console.close()
-    report = analyse(job.current, job.events, exit_codes, watchdog.seen, plan, interrupted)
+    report = analyse(
+        job.current, job.events, exit_codes, watchdog.seen, plan, interrupted, watchdog.progress()
+    )
     report.earlier, report.several_nodes = job.earlier, plan.rdzv.max_nodes > 1
+    if job.current is not None and job.current.index in job.hangs and not interrupted:
+        report.hang = job.hangs[job.current.index]
+        report.exit_code = HANG_EXIT_CODE
+    else:  # after a hang, the hung rank's silence is no straggler's slowness
+        report.stragglers = watchdog.stragglers(final=True)
     if report.failed:
         check_logs(report)  # a full disk or an I/O error, named as the cause
     records.release_left(job.events)  # the rooms of ranks that never finished (killed)

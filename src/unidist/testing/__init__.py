@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from importlib.util import find_spec
 from typing import Any
 
-from unidist.testing._harness import DistributedTestError, DistributedTestTimeout, run_distributed
+from unidist.testing._harness import (
+    DistributedTestError,
+    DistributedTestHang,
+    DistributedTestTimeout,
+    run_distributed,
+)
 from unidist.testing.conformance import CLAUSES, ConformanceError
 from unidist.testing.oom import OOMBudget
 
@@ -23,6 +28,7 @@ __all__ = [
     "CLAUSES",
     "ConformanceError",
     "DistributedTestError",
+    "DistributedTestHang",
     "DistributedTestTimeout",
     "OOMBudget",
     "check_adapter",

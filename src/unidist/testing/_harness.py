@@ -36,10 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from unidist import _env
+from unidist._progress import record, sampler
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
 from unidist.launch._rank import default_start_method, die_with_parent
 
-__all__ = ["DistributedTestError", "DistributedTestTimeout", "run_distributed"]
+__all__ = [
+    "DistributedTestError",
+    "DistributedTestHang",
+    "DistributedTestTimeout",
+    "run_distributed",
+]
 
 #: Seconds the other ranks get to fail on their own after one rank failed, before being killed.
 _FAILURE_GRACE = 15.0
@@ -80,6 +86,21 @@ class DistributedTestTimeout(DistributedTestError, DistributedTimeoutError):
     def __init__(self, message: str, *, unfinished: Sequence[int], **kw: Any) -> None:
         super().__init__(message, **kw)
         self.unfinished = list(unfinished)
+
+
+class DistributedTestHang(DistributedTestTimeout):
+    """:func:`run_distributed` saw no rank make progress for ``hang_timeout`` seconds; every
+    rank was killed.
+
+    Attributes:
+        verdict: one line that names the stuck rank and what the others wait in.
+        facts: what was known of each rank (``unidist._progress.verdict.RankFacts``).
+    """
+
+    def __init__(self, message: str, *, verdict: str, facts: list[Any], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.verdict = verdict
+        self.facts = facts
 
 
 class _Lifeline:
@@ -149,6 +170,7 @@ def run_distributed(
     kwargs: Mapping[str, Any] | None = None,
     env: Mapping[str, str | None] | None = None,
     collective_timeout: float | None = None,
+    hang_timeout: float | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` fresh processes; return results in rank order.
 
@@ -170,6 +192,11 @@ def run_distributed(
             (for example ``{"LOCAL_WORLD_SIZE": None}`` to imitate a launcher that omits it).
         collective_timeout: timeout given to :func:`unidist.initialize`; default half of
             ``timeout``, so a stuck collective fails with a traceback before the run is killed.
+        hang_timeout: seconds without progress (no collective issued, no step counted, no
+            rank moving in its own code) after which every rank is killed and
+            :class:`DistributedTestHang` names the stuck rank, its frame and the collective the
+            others wait in, as ``unidist launch --hang-timeout`` does. Default: three quarters
+            of ``timeout``; 0 turns it off. A plain timeout names them too.
 
     Returns:
         ``fn``'s return value from every rank, in rank order.
@@ -178,9 +205,15 @@ def run_distributed(
         DistributedTestError: a rank raised; the message holds every failing rank's traceback,
             tagged by rank, and the output of every rank.
         DistributedTestTimeout: the run did not finish in ``timeout`` seconds.
+        DistributedTestHang: no rank made progress for ``hang_timeout`` seconds.
     """
     if world_size < 1:
         raise ConfigurationError(f"world_size={world_size} must be at least 1.")
+    if hang_timeout is not None and (not isinstance(hang_timeout, int | float) or hang_timeout < 0):
+        raise ConfigurationError(
+            f"hang_timeout={hang_timeout!r} must be a number of seconds, 0 to turn it off, or "
+            "None for three quarters of timeout."
+        )
     try:
         pickle.dumps((fn, args, dict(kwargs or {})))
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -202,6 +235,7 @@ def run_distributed(
                 init,
                 dict(env or {}),
                 collective_timeout or max(timeout / 2, 5.0),
+                timeout * 0.75 if hang_timeout is None else hang_timeout,
             )
         except _PortTaken:
             if attempt == _PORT_RETRIES - 1:
@@ -230,6 +264,7 @@ def _run_once(
     init: bool,
     env: dict[str, str | None],
     collective_timeout: float,
+    hang_timeout: float,
 ) -> list[Any]:
     context = _context()
     workdir = tempfile.mkdtemp(prefix="unidist-run-")
@@ -249,6 +284,7 @@ def _run_once(
                 "MASTER_PORT": str(port),
                 "UNIDIST_LAUNCHER": "testing",
                 "OMP_NUM_THREADS": "1",
+                _env.PROGRESS: str(record.path_for(Path(workdir), rank)),
             }
             merged: dict[str, str | None] = {**_env.environ_copy(), **launcher, **env}
             rank_env = {k: v for k, v in merged.items() if v is not None}
@@ -268,10 +304,11 @@ def _run_once(
             process = context.Process(target=_worker, args=(job,), name=f"unidist-rank{rank}")
             process.start()
             processes.append(process)
-        unfinished = _wait(processes, workdir, timeout)
+        watch = _HangWatch(Path(workdir), world_size, hang_timeout)
+        unfinished = _wait(processes, timeout, watch)
         if unfinished:
-            _dump_stacks([processes[r] for r in unfinished])
-        return _collect(fn, processes, workdir, unfinished, timeout, world_size)
+            _dump_stacks([processes[r] for r in unfinished], watch)
+        return _collect(fn, processes, workdir, unfinished, timeout, world_size, watch)
     finally:
         _kill(processes)
         shutil.rmtree(workdir, ignore_errors=True)
@@ -279,30 +316,114 @@ def _run_once(
         os.close(caller_end)
 
 
+class _HangWatch:
+    """The ranks' progress records, read in the parent; when silence becomes a hang."""
+
+    def __init__(self, folder: Path, world_size: int, hang_timeout: float) -> None:
+        from unidist._progress.verdict import Deadline
+
+        self.folder = folder
+        self.world_size = world_size
+        self.deadline = Deadline(hang_timeout, time.monotonic())
+        self.snapshots: dict[int, Any] = {}
+        self._token: Any = None
+        self.called: tuple[str, list[Any], float] | None = None  # (verdict, facts, silence)
+
+    def look(self, processes: list[multiprocessing.process.BaseProcess]) -> bool:
+        """Read the records; True when nothing moved for the hang timeout."""
+        from unidist._progress import record
+
+        for rank in range(self.world_size):
+            snap = record.read(record.path_for(self.folder, rank))
+            if snap is not None:
+                self.snapshots[rank] = snap
+        gone = tuple(rank for rank, p in enumerate(processes) if p.exitcode is not None)
+        token = (tuple((r, s.progress) for r, s in sorted(self.snapshots.items())), gone)
+        now = time.monotonic()
+        if token != self._token:
+            if self._token is not None:
+                self.deadline.progress(now)
+            self._token = token
+        return self.deadline.fixed != 0 and self.deadline.expired(now)
+
+    def facts(self, processes: list[multiprocessing.process.BaseProcess]) -> list[Any]:
+        from unidist._progress.verdict import RankFacts
+
+        now_ns = time.monotonic_ns()
+        host = socket.gethostname()
+        found = []
+        for rank, process in enumerate(processes):
+            code = process.exitcode
+            found.append(
+                RankFacts.of(
+                    rank,
+                    0,
+                    host,
+                    self.snapshots.get(rank),
+                    exited=False if code is None else (128 - code if code < 0 else code),
+                    frozen=process.pid is not None and code is None and _frozen(process.pid),
+                    now_ns=now_ns,
+                )
+            )
+        return found
+
+    def call(self, processes: list[multiprocessing.process.BaseProcess]) -> None:
+        from unidist._progress.verdict import verdict
+
+        facts = self.facts(processes)
+        self.called = (verdict(facts), facts, self.deadline.silence(time.monotonic()))
+
+    def describe(self, processes: list[multiprocessing.process.BaseProcess]) -> str:
+        """The verdict of the last look (for a run that timed out without a hang called)."""
+        from unidist._progress.verdict import verdict
+
+        if self.called is not None:
+            return self.called[0]
+        return verdict(self.facts(processes))
+
+
+def _frozen(pid: int) -> bool:
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    return False
+
+
+#: Seconds between two looks at the ranks' progress records.
+_LOOK = 0.25
+
+
 def _wait(
-    processes: list[multiprocessing.process.BaseProcess], workdir: str, timeout: float
+    processes: list[multiprocessing.process.BaseProcess], timeout: float, watch: _HangWatch
 ) -> list[int]:
-    """Wait for every rank; after a failure give the rest a grace period. Returns unfinished."""
+    """Wait for every rank; after a failure give the rest a grace period; stop at a hang.
+    Returns the unfinished ranks."""
     deadline = time.monotonic() + timeout
     pending = {p.sentinel: rank for rank, p in enumerate(processes)}
     while pending:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        ready = multiprocessing.connection.wait(list(pending), timeout=remaining)
+        ready = multiprocessing.connection.wait(list(pending), timeout=min(remaining, _LOOK))
         for sentinel in ready:
             rank = pending.pop(sentinel)  # type: ignore[arg-type]
             failed = processes[rank].exitcode != 0
             if failed and pending:
                 # The survivors usually fail fast (their peer's sockets closed); don't wait long.
                 deadline = min(deadline, time.monotonic() + _FAILURE_GRACE)
+        if pending and watch.look(processes):
+            watch.call(processes)
+            break
     return sorted(pending.values())
 
 
-def _dump_stacks(processes: list[multiprocessing.process.BaseProcess]) -> None:
+def _dump_stacks(
+    processes: list[multiprocessing.process.BaseProcess], watch: _HangWatch | None = None
+) -> None:
     for process in processes:
         if process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
+                if _frozen(process.pid):
+                    os.kill(process.pid, signal.SIGCONT)  # so that it can dump its stack
                 os.kill(process.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
     time.sleep(0.5)
 
@@ -323,6 +444,7 @@ def _collect(
     unfinished: list[int],
     timeout: float,
     world_size: int,
+    watch: _HangWatch | None = None,
 ) -> list[Any]:
     outputs: dict[int, tuple[str, str]] = {}
     results: dict[int, Any] = {}
@@ -345,9 +467,24 @@ def _collect(
             f"--- rank {r} (stack when killed, and its last output) ---\n{_tail(outputs[r][1])}"
             for r in unfinished
         )
+        if watch is not None and watch.called is not None:
+            line, facts, silence = watch.called
+            raise DistributedTestHang(
+                f"run_distributed({name}): no rank made progress for {silence:.0f} s "
+                f"(hang_timeout={watch.deadline.fixed:g}): {line}; rank(s) {unfinished} of "
+                f"{world_size} had not finished and were killed.\n"
+                f"{_describe_failures(failures)}{stacks}",
+                verdict=line,
+                facts=facts,
+                unfinished=unfinished,
+                failures=failures,
+                outputs=outputs,
+                results=results,
+            )
+        where = f"; {watch.describe(processes)}" if watch is not None else ""
         raise DistributedTestTimeout(
             f"run_distributed({name}) did not finish in {timeout:g} s: rank(s) "
-            f"{unfinished} of {world_size} had not finished and were killed.\n"
+            f"{unfinished} of {world_size} had not finished and were killed{where}.\n"
             f"{_describe_failures(failures)}{stacks}",
             unfinished=unfinished,
             failures=failures,
@@ -424,6 +561,9 @@ def _worker(job: _Job) -> None:
     faulthandler.enable(file=err)
     faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
     _env.replace_all(job.env)
+    progress = _env.progress_file()
+    if progress:
+        sampler.start(progress)  # where this rank is, for the parent's hang report
     # The fork server passed its start method on; the rank's own DataLoader workers should start
     # the way they would in a normal script (fork on Linux), not as fresh interpreters.
     multiprocessing.set_start_method(default_start_method(), force=True)

@@ -1,0 +1,237 @@
+"""The rank's side of hang and straggler attribution: a thread that says where the rank is.
+
+Started in every rank of ``unidist launch`` and :func:`unidist.testing.run_distributed` (no change
+to the script), it wakes ten times a second and writes the rank's progress record (record.py):
+
+* the sequence number of every process group (torch counts each collective a rank *issues* on a
+  group: unidist's, torch's own, DDP's gradient buckets and FSDP's gathers alike, in C++, so the
+  training thread pays nothing per collective);
+* the steps the rank counted (:func:`step`: unidist's loaders count each batch and
+  :class:`unidist.ResumableState` each step; a counter, tens of nanoseconds);
+* what the main thread is doing, from its Python stack (``sys._current_frames``): in its own code
+  (and the innermost frame of it: file, line, function), in a collective (which one), in autograd's
+  backward, or waiting for the DataLoader; and whether it moved since the last look;
+* how many looks found it in each of those phases, for the straggler report.
+
+It also answers the launcher's request for a dump of every thread's stack (to stderr, the rank's
+log). The thread needs the GIL for a few tens of microseconds per look; a main thread stuck in C
+code that holds the GIL stops the looks, which the launcher sees as a beat that stands still.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from unidist._progress.record import State, Writer
+
+__all__ = ["TICK", "Sampler", "finish", "start", "step"]
+
+#: Seconds between two looks.
+TICK = 0.1
+_MAX_FRAMES = 256
+
+_steps = 0
+_step_at = 0
+_current: Sampler | None = None
+
+
+def step() -> None:
+    """Count one step of this rank (a batch handed to the loop, a ResumableState step)."""
+    global _steps, _step_at
+    _steps += 1
+    _step_at = time.monotonic_ns()
+
+
+def start(path: str | os.PathLike[str]) -> Sampler | None:
+    """Start this process's sampler writing to ``path`` (once; None if it cannot)."""
+    global _current
+    if _current is not None:
+        return _current
+    try:
+        sampler = Sampler(Writer(path))
+    except OSError:
+        return None
+    sampler.start()
+    _current = sampler
+    return sampler
+
+
+def finish() -> None:
+    """The script returned: say so in the record and stop the sampler."""
+    global _current
+    sampler, _current = _current, None
+    if sampler is not None:
+        sampler.stop(done=True)
+
+
+class _Places:
+    """Where code lives: torch's and unidist's folders, the standard library, site-packages."""
+
+    def __init__(self) -> None:
+        paths = sysconfig.get_paths()
+        self.stdlib = tuple({paths["stdlib"], paths["platstdlib"]})
+        self.unidist = str(Path(__file__).resolve().parents[1]) + os.sep
+        self.torch: str | None = None
+
+    def torch_dir(self) -> str | None:
+        if self.torch is None:
+            module = sys.modules.get("torch")
+            origin = getattr(module, "__file__", None)
+            if origin:
+                self.torch = str(Path(origin).resolve().parent) + os.sep
+        return self.torch
+
+    def is_library(self, filename: str) -> bool:
+        return (
+            filename.startswith("<")
+            or filename.startswith(self.unidist)
+            or "site-packages" in filename
+            or "dist-packages" in filename
+            or filename.startswith(self.stdlib)
+        )
+
+
+_UNIDIST_WAITS = ("collectives.py", "sync.py", "_comm" + os.sep)
+
+
+def classify(frame: FrameType | None, places: _Places) -> tuple[State, str, str, str, Any]:
+    """(state, collective, innermost user frame, innermost frame, a key of where it stands)."""
+    frames: list[FrameType] = []
+    while frame is not None and len(frames) < _MAX_FRAMES:
+        frames.append(frame)
+        frame = frame.f_back
+    if not frames:
+        return State.UNKNOWN, "", "", "", None
+    torch_dir = places.torch_dir()
+    state, op = State.USER, ""
+    for f in reversed(frames):  # outermost first: the public function the script called
+        name = f.f_code.co_filename
+        if torch_dir is not None and name.startswith(torch_dir):
+            rest = name[len(torch_dir) :]
+            if rest.startswith(os.path.join("distributed", "distributed_c10d.py")):
+                state, op = State.COLLECTIVE, f.f_code.co_name
+                break
+            if rest.startswith(os.path.join("utils", "data", "dataloader.py")):
+                state = State.DATA
+                break
+            if rest.startswith("autograd" + os.sep) and f.f_code.co_name == "backward":
+                state = State.BACKWARD
+                break
+        elif name.startswith(places.unidist) and name[len(places.unidist) :].startswith(
+            _UNIDIST_WAITS
+        ):
+            state, op = State.COLLECTIVE, f.f_code.co_name
+            break
+    inner = frames[0]
+    user = next((f for f in frames if not places.is_library(f.f_code.co_filename)), inner)
+    key = (id(inner.f_code), inner.f_lineno, id(user.f_code), user.f_lineno)
+    return state, op, _show(user), _show(inner), key
+
+
+def _show(frame: FrameType) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
+
+
+def _sequences() -> tuple[int, int]:
+    """(the world group's sequence number, the sum over every group): 0s before init."""
+    dist = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if dist is None or c10d is None:
+        return 0, 0
+    with contextlib.suppress(Exception):  # not available, not initialised, torn down meanwhile
+        if not dist.is_available() or not dist.is_initialized():
+            return 0, 0
+        world = int(c10d._get_default_group()._get_sequence_number_for_group())
+        total = 0
+        for group in list(c10d._world.pg_map):
+            with contextlib.suppress(Exception):
+                total += int(group._get_sequence_number_for_group())
+        return world, total
+    return 0, 0
+
+
+class Sampler(threading.Thread):
+    """The thread (see the module's docstring)."""
+
+    def __init__(self, writer: Writer, tick: float = TICK) -> None:
+        super().__init__(name="unidist-progress", daemon=True)
+        self.writer = writer
+        self.tick = tick
+        self.main = threading.main_thread().ident or 0
+        self._halt = threading.Event()
+        self._places = _Places()
+        self._key: Any = None
+        self._samples = {State.USER: 0, State.COLLECTIVE: 0, State.DATA: 0, State.BACKWARD: 0}
+        self.writer.values["main_thread"] = self.main
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            with contextlib.suppress(Exception):  # a look must never end the rank
+                self.look()
+            self._halt.wait(self.tick)
+
+    def look(self) -> None:
+        values = self.writer.values
+        now = time.monotonic_ns()
+        frame = sys._current_frames().get(self.main)
+        state, op, user, where, key = classify(frame, self._places)
+        if state in self._samples:
+            self._samples[state] += 1
+        if key != self._key:
+            values["state_at"] = now
+            if state is State.USER and self._key is not None:
+                values["motion"] = int(values["motion"]) + 1
+            self._key = key
+        world, total = _sequences()
+        values.update(
+            beat=now,
+            ticks=int(values["ticks"]) + 1,
+            steps=_steps,
+            step_at=_step_at,
+            world_seq=world,
+            all_seq=total,
+            state=int(state),
+            op=op,
+            frame=user,
+            where=where,
+            user_samples=self._samples[State.USER],
+            comm_samples=self._samples[State.COLLECTIVE],
+            data_samples=self._samples[State.DATA],
+            backward_samples=self._samples[State.BACKWARD],
+        )
+        asked = self.writer.request()
+        if asked > int(values["answered"]):
+            dump_stacks("the launcher asked")
+            values["answered"] = asked
+        self.writer.flush()
+
+    def stop(self, done: bool = False) -> None:
+        self._halt.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=2)
+        if done:
+            with contextlib.suppress(Exception):
+                self.writer.values.update(state=int(State.DONE), beat=time.monotonic_ns())
+                self.writer.values.update(steps=_steps, step_at=_step_at)
+                self.writer.flush()
+
+
+def dump_stacks(why: str) -> None:
+    """Every thread's Python stack to stderr (the rank's log), innermost frame last."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = [f"unidist: stacks of every thread of rank process {os.getpid()} ({why}):"]
+    for ident, frame in sys._current_frames().items():
+        lines.append(f'Thread {ident:#x} "{names.get(ident, "?")}" (most recent call last):')
+        lines.extend(line.rstrip("\n") for line in traceback.format_stack(frame))
+    with contextlib.suppress(Exception):
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()

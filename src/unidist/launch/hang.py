@@ -1,0 +1,335 @@
+"""The launcher's side of hang and straggler attribution: read the ranks' records, call the hang.
+
+Every rank keeps a progress record (``unidist._progress``). The watchdog hands this module its
+view of the latest start a few times a second; :class:`HangWatch` reads the records of this
+node's ranks (O(local ranks) reads of one page each), notes when anything moved, and says when
+the silence has lasted the timeout (``--hang-timeout``, or the adaptive default of
+``unidist._progress.verdict.Deadline``). Across nodes, the relay adds every node's progress to
+one counter in the rendezvous store, so a node whose own ranks wait while another node's work is
+not silent, and publishes each node's facts when the hang is called, so every node prints the
+same report.
+
+When it is called, :meth:`HangWatch.call` asks each rank for a dump of every thread's stack (its
+sampler thread answers within a tick; a rank that cannot, because it is frozen or in C code
+holding the GIL, gets SIGUSR1, which faulthandler answers from inside any C code), then builds
+each rank's facts (running, exited with its code, frozen, silent) and the verdict. The report
+goes to ``hang.json`` in the run folder and to the console; the watchdog then stops the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from unidist._progress import record
+from unidist._progress.record import Snapshot, State
+from unidist._progress.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
+from unidist.launch.records import Start
+from unidist.launch.watch import Observed
+
+__all__ = ["HANG_EXIT_CODE", "HangReport", "HangWatch", "StragglerReport", "render"]
+
+#: ``unidist launch``'s exit code when it stopped a hung job.
+HANG_EXIT_CODE = 125
+#: A beat older than this (seconds) means the rank's sampler thread cannot run.
+SILENT_AFTER = 3.0
+#: Seconds a rank gets to dump its stacks before the report is written.
+DUMP_WAIT = 1.0
+
+
+@dataclass
+class HangReport:
+    """A hang, as the launcher called it."""
+
+    verdict: str
+    silence: float
+    timeout: float
+    rule: str
+    facts: list[RankFacts]
+    nodes_missing: list[int] = field(default_factory=list)
+
+    def headline(self) -> str:
+        return (
+            f"unidist launch: no rank made progress for {self.silence:.0f} s ({self.rule}): "
+            f"{self.verdict}"
+        )
+
+    def format(self, logs: Mapping[int, Path] | None = None) -> str:
+        lines = [self.headline()]
+        for fact in sorted(self.facts, key=lambda f: f.rank):
+            lines.append(f"  {_describe(fact)}")
+            if logs is not None and fact.rank in logs:
+                lines.append(f"      every thread's stack: {logs[fact.rank]}")
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "hang",
+            "verdict": self.verdict,
+            "silence_s": round(self.silence, 3),
+            "timeout_s": round(self.timeout, 3),
+            "rule": self.rule,
+            "nodes_missing": self.nodes_missing,
+            "ranks": [fact.to_json() for fact in sorted(self.facts, key=lambda f: f.rank)],
+        }
+
+
+@dataclass
+class StragglerReport:
+    """The ranks consistently slower than the others, over the job so far."""
+
+    found: list[Straggler]
+    ranks: int
+    seconds: float
+
+    def format(self) -> str:
+        if not self.found:
+            return ""
+        lines = [f"unidist launch: stragglers over {self.seconds:.0f} s of {self.ranks} ranks:"]
+        lines.extend(f"  {s.line()}" for s in self.found)
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "stragglers",
+            "seconds": round(self.seconds, 3),
+            "ranks": self.ranks,
+            "stragglers": [s.__dict__ for s in self.found],
+        }
+
+
+def _describe(fact: RankFacts) -> str:
+    where = f"{fact.frame}" if fact.frame else "(no frame)"
+    if fact.status == "exited":
+        how = f"exited with code {fact.exit_code} after {fact.steps} step(s)"
+    elif fact.status == "frozen":
+        how = f"frozen (SIGSTOP or a debugger), last at {where}"
+    elif fact.status == "silent":
+        how = (
+            f"silent for {fact.silent_s or 0:.0f} s (host lost, or C code holding the GIL), "
+            f"last at {where}"
+        )
+    elif fact.status == "unknown":
+        how = "no progress record"
+    elif fact.state in ("collective", "backward"):
+        what = f"{fact.op} #{fact.seq}" if fact.state == "collective" else f"backward #{fact.seq}"
+        how = f"waiting in {what}, called from {where}"
+    elif fact.state == "data":
+        how = f"waiting for its DataLoader at {where}"
+    else:
+        stuck = f" for {fact.stuck_s:.0f} s" if fact.stuck_s else ""
+        how = f"in user code at {where}{stuck}"
+    pid = f", pid {fact.pid}" if fact.pid else ""
+    return f"rank {fact.rank} (node {fact.node}, {fact.host}{pid}): {how}; step {fact.steps}"
+
+
+class HangWatch:
+    """One node's view of its ranks' progress; calls the hang (see the module docstring).
+
+    Args:
+        events: the run's record folder (the ranks' progress records are there).
+        fixed: ``--hang-timeout``: None for the adaptive default, 0 for never.
+        clock: monotonic seconds (a test passes its own).
+    """
+
+    def __init__(
+        self, events: Path, fixed: float | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.events = events
+        self.fixed = fixed
+        self.clock = clock
+        self.deadline = Deadline(fixed, clock())
+        self._start = -1
+        self._token: Any = None
+        self.snapshots: dict[int, Snapshot] = {}
+        self.called: HangReport | None = None
+        self.started = clock()
+
+    @property
+    def enabled(self) -> bool:
+        return self.fixed != 0
+
+    def path(self, start: int, rank: int) -> Path:
+        return record.path_for(self.events, rank, start)
+
+    def look(self, start: Start, seen: Observed, elsewhere: int = 0) -> bool:
+        """Read this node's records; True when the silence has become a hang.
+
+        ``elsewhere``: the other nodes' progress count (relayed), which counts as progress too.
+        """
+        now = self.clock()
+        if start.index != self._start:  # a restart: a new job, as far as progress goes
+            self._start, self._token = start.index, None
+            self.deadline = Deadline(self.fixed, now)
+            self.called = None
+        for slot in start.slots.values():
+            snap = record.read(self.path(start.index, slot.rank))
+            if snap is not None:
+                self.snapshots[slot.rank] = snap
+        gone = tuple(sorted(rank for rank, w in seen.ranks.items() if w.gone))
+        token = (
+            tuple((rank, s.progress) for rank, s in sorted(self.snapshots.items())),
+            gone,
+            elsewhere,
+        )
+        if token != self._token:
+            if self._token is not None:
+                self.deadline.progress(now)
+            self._token = token
+        if not self.enabled or self.called is not None:
+            return False
+        every_rank_done = start.slots and all(
+            seen.get(slot.rank).gone
+            or (slot.rank in self.snapshots and self.snapshots[slot.rank].state is State.DONE)
+            for slot in start.slots.values()
+        )
+        return not every_rank_done and self.deadline.expired(now)
+
+    def progress_count(self) -> int:
+        """This node's progress as one number that only grows (for the relay)."""
+        return sum(sum(s.progress) for s in self.snapshots.values())
+
+    def ask_for_stacks(self, start: Start, procs: Mapping[int, tuple[int, int | None]]) -> None:
+        """Every live rank dumps every thread's stack into its stderr log: through its sampler
+        thread, or, for a rank that cannot answer within :data:`DUMP_WAIT`, through SIGUSR1."""
+        asked = {}
+        for rank in procs:
+            asked[rank] = record.ask_for_stacks(self.path(start.index, rank))
+        deadline = time.monotonic() + DUMP_WAIT
+        waiting = dict(asked)
+        while waiting and time.monotonic() < deadline:
+            for rank, number in list(waiting.items()):
+                snap = record.read(self.path(start.index, rank))
+                if snap is not None and snap.answered >= number:
+                    del waiting[rank]
+            if waiting:
+                time.sleep(0.05)
+        for rank in waiting:
+            pid = procs[rank][0]
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGUSR1)  # faulthandler, registered by the rank's bootstrap
+
+    def facts(
+        self,
+        start: Start,
+        procs: Mapping[int, tuple[int, int | None]],
+        seen: Observed,
+        hosts: Mapping[int, str],
+        frozen: Callable[[int], bool],
+    ) -> list[RankFacts]:
+        """This node's ranks as the verdict needs them."""
+        now_ns = time.monotonic_ns()
+        found = []
+        for slot in sorted(start.slots.values(), key=lambda s: s.rank):
+            snap = self.snapshots.get(slot.rank)
+            watch = seen.get(slot.rank)
+            pid = procs.get(slot.rank, (snap.pid if snap else 0, None))[0]
+            exited: int | bool | None = False
+            if watch.gone:
+                exited = None if watch.status is None else _code(watch.status)
+            found.append(
+                RankFacts.of(
+                    slot.rank,
+                    slot.node_rank,
+                    hosts.get(slot.rank, "?"),
+                    snap,
+                    exited=exited,
+                    frozen=bool(pid) and not watch.gone and frozen(pid),
+                    now_ns=now_ns,
+                    silent_after=SILENT_AFTER,
+                )
+            )
+        return found
+
+    def call(self, facts: list[RankFacts], nodes_missing: list[int] | None = None) -> HangReport:
+        now = self.clock()
+        self.called = HangReport(
+            verdict(facts),
+            self.deadline.silence(now),
+            self.deadline.timeout(now),
+            self.deadline.describe(),
+            facts,
+            sorted(nodes_missing or []),
+        )
+        return self.called
+
+    def straggler_report(self, facts: list[RankFacts]) -> StragglerReport:
+        return StragglerReport(stragglers(facts), len(facts), self.clock() - self.started)
+
+
+def _code(status: int) -> int:
+    return 128 - status if status < 0 else status
+
+
+def write(folder: Path, name: str, value: dict[str, Any]) -> Path:
+    """``value`` as JSON in the run folder (private, replaced atomically)."""
+    path = folder / name
+    tmp = folder / f".{name}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as stream:
+        json.dump(value, stream, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def render(folder: Path) -> str:
+    """``unidist report RUN_DIR``: the hang and straggler reports of a run, again."""
+    parts = []
+    for name in ("hang.json", "stragglers.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_text())
+        except (OSError, ValueError, RecursionError) as exc:
+            parts.append(f"{path}: cannot be read ({exc})\n")
+            continue
+        parts.append(_render_one(value, path))
+    return "".join(parts)
+
+
+def _render_one(value: Any, path: Path) -> str:
+    if not isinstance(value, dict):
+        return f"{path}: not a unidist report\n"
+    if value.get("kind") == "hang":
+        facts = [
+            _facts_from_json(item) for item in value.get("ranks", []) if isinstance(item, dict)
+        ]
+        report = HangReport(
+            str(value.get("verdict", "")),
+            float(value.get("silence_s", 0)),
+            float(value.get("timeout_s", 0)),
+            str(value.get("rule", "")),
+            facts,
+            list(value.get("nodes_missing", [])),
+        )
+        return report.format()
+    if value.get("kind") == "stragglers":
+        found = value.get("stragglers", [])
+        lines = [f"unidist launch: stragglers over {float(value.get('seconds', 0)):.0f} s:"]
+        for item in found:
+            if isinstance(item, dict):
+                with contextlib.suppress(TypeError, KeyError, ValueError):
+                    lines.append(f"  {Straggler(**item).line()}")
+        if not found:
+            lines.append("  none: every rank kept pace with the others")
+        return "\n".join(lines) + "\n"
+    return f"{path}: not a unidist report\n"
+
+
+def _facts_from_json(item: dict[str, Any]) -> RankFacts:
+    def frame(value: Any) -> str:
+        if not isinstance(value, dict):
+            return ""
+        return f"{value.get('file')}:{value.get('line')} {value.get('function')}"
+
+    known = {k: v for k, v in item.items() if k in RankFacts.__dataclass_fields__}
+    known["frame"], known["where"] = frame(item.get("frame")), frame(item.get("where"))
+    return RankFacts(**known)

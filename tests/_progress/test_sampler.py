@@ -1,0 +1,116 @@
+"""The rank's sampler: where the main thread is, read from its stack, and what moved."""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import torch
+from torch.utils.data import DataLoader
+
+import unidist
+from unidist._progress import record, sampler
+from unidist._progress.record import State, Writer
+from unidist._progress.sampler import Sampler, _Places, classify
+
+
+def _frame_of(thread: threading.Thread) -> FrameType:
+    assert thread.ident is not None
+    return sys._current_frames()[thread.ident]
+
+
+def _blocks(frame: FrameType) -> bool:
+    """Whether ``frame`` stands at a line marked ``# blocks`` (the call that blocks)."""
+    return "# blocks" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+
+
+def _classify_while(target, blocks=_blocks) -> tuple[State, str, str]:  # type: ignore[no-untyped-def]
+    """Run ``target`` in a thread; classify its stack once it stands in the call that blocks."""
+    started = threading.Event()
+    thread = threading.Thread(target=target, args=(started,), daemon=True)
+    thread.start()
+    assert started.wait(30)
+    deadline = time.monotonic() + 30
+    while True:
+        frame = _frame_of(thread)
+        if blocks(frame):
+            break
+        assert time.monotonic() < deadline, "the thread never reached its blocking call"
+        time.sleep(0.01)
+    state, op, user, _, _ = classify(frame, _Places())
+    return state, op, user
+
+
+def _sleeps(started: threading.Event) -> None:
+    started.set()
+    time.sleep(5)  # blocks
+
+
+def _loads(started: threading.Event) -> None:
+    class Slow(torch.utils.data.Dataset[int]):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int) -> int:
+            started.set()
+            time.sleep(5)  # blocks
+            return i
+
+    next(iter(DataLoader(Slow())))
+
+
+def test_user_code_and_the_dataloader_are_told_apart() -> None:
+    state, op, user = _classify_while(_sleeps)
+    assert (state, op) == (State.USER, "")
+    assert user.endswith(f"test_sampler.py:{_sleeps.__code__.co_firstlineno + 2} _sleeps")
+    state, _, user = _classify_while(_loads)
+    assert state is State.DATA
+    assert "__getitem__" in user
+
+
+def test_a_collective_is_named_by_the_public_function_called(tmp_path: Path) -> None:
+    # A stack that passes through unidist's collectives module, as a waiting rank's does.
+    code = compile(
+        "def all_reduce(started):\n    started.set()\n    import time\n    time.sleep(5)\n",
+        str(Path(unidist.__file__).parent / "collectives.py"),
+        "exec",
+    )
+    scope: dict[str, object] = {}
+    exec(code, scope)
+    state, op, _ = _classify_while(
+        scope["all_reduce"], lambda f: (f.f_code.co_name, f.f_lineno) == ("all_reduce", 4)
+    )
+    assert (state, op) == (State.COLLECTIVE, "all_reduce")
+
+
+def test_the_thread_writes_steps_motion_and_answers_for_stacks(
+    tmp_path: Path, capfd: object
+) -> None:
+    path = tmp_path / "r.bin"
+    thread = Sampler(Writer(path), tick=0.01)
+    thread.start()
+    try:
+        for _ in range(5):
+            sampler.step()
+        deadline = time.monotonic() + 30
+        snap = record.read(path)
+        while (snap is None or snap.steps < 5) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            snap = record.read(path)
+        assert snap is not None
+        assert snap.steps >= 5
+        assert snap.main_thread == threading.main_thread().ident
+        number = record.ask_for_stacks(path)
+        while record.read(path).answered < number and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.01)
+        assert record.read(path).answered == number  # type: ignore[union-attr]
+    finally:
+        thread.stop(done=True)
+    assert record.read(path).state is State.DONE  # type: ignore[union-attr]
+    err = capfd.readouterr().err  # type: ignore[attr-defined]
+    assert "stacks of every thread" in err
+    assert "MainThread" in err
