@@ -15,6 +15,10 @@ Steps, each in its own process with its own time limit:
 6. ``composer-auto``: the same model and cap under Composer's ``Trainer`` with
    ``device_train_microbatch_size="auto"``: its settled size and time per step, beside unidist's.
 7. ``bench-gpu-2``: ``bench/gpu_microbatch.py --nproc 2`` (two ranks, one of them capped).
+8. ``hang-2``: ``unidist launch -n 2 --hang-timeout 10`` on a job where rank 1 stops while
+   rank 0 waits in an all_reduce: over NCCL when the machine has two GPUs; with one (NCCL
+   refuses two ranks on one device), rank 1 is stuck in a CUDA kernel it synchronises on (a GPU
+   hang) while rank 0 waits over gloo. The report must name rank 1 and its frame, exit 125.
 
 With ``--simulate`` the steps run on the CPU (gloo instead of NCCL, ``OOMBudget`` instead of a
 memory cap, Composer with a fixed microbatch since its "auto" needs a GPU, and ``gpu-tests``
@@ -183,6 +187,53 @@ def step_composer(simulate: bool) -> tuple[str, str]:
     return ("PASS" if code == 0 else "FAIL"), last_lines(out, 3 if code == 0 else 4)
 
 
+HANG_JOB = """
+import sys, time
+import torch, unidist
+backend, where = sys.argv[1], sys.argv[2]
+unidist.initialize(backend)
+rank = unidist.get_rank()
+device = torch.device(where if where == "cpu" else f"cuda:{unidist.get_local_rank()}")
+
+def stuck_on_the_gpu():
+    if device.type == "cuda":
+        torch.cuda._sleep(2**62)  # a kernel that does not end
+        torch.cuda.synchronize()
+    else:
+        time.sleep(3600)
+
+for step in range(1000):
+    if rank == 1 and step == 10:
+        stuck_on_the_gpu()
+    total = unidist.all_reduce(torch.ones(4, device=device))
+    total.sum().item()
+"""
+
+
+def step_hang(simulate: bool) -> tuple[str, str]:
+    import torch
+
+    if simulate:
+        backend, where = "gloo", "cpu"
+    elif torch.cuda.device_count() >= 2:
+        backend, where = "nccl", "cuda"
+    else:
+        backend, where = "gloo", "cuda"
+    script = Path(os.environ.get("TMPDIR", "/tmp"), f"unidist-gpu-hang-{os.getpid()}.py")
+    script.write_text(HANG_JOB)
+    try:
+        command = [sys.executable, "-m", "unidist", "launch", "-n", "2", "--hang-timeout", "10"]
+        started = time.monotonic()
+        code, out = run([*command, str(script), backend, where], 300)
+        took = time.monotonic() - started
+    finally:
+        script.unlink(missing_ok=True)
+    line = next((x for x in out.splitlines() if "no rank made progress" in x), "")
+    ok = code == 125 and "rank 1 is" in line and "stuck_on_the_gpu" in line
+    detail = f"{backend} on {where}, {took:.0f} s: {line[line.find(': ') + 2 :]}" if line else ""
+    return ("PASS" if ok else "FAIL"), (detail or last_lines(out, 4))[:300]
+
+
 STEPS: list[tuple[str, Callable[[bool], tuple[str, str]]]] = [
     ("probe", step_probe),
     ("nccl-1", step_nccl),
@@ -191,6 +242,7 @@ STEPS: list[tuple[str, Callable[[bool], tuple[str, str]]]] = [
     ("microbatch-oom", step_microbatch),
     ("composer-auto", step_composer),
     ("bench-gpu-2", step_bench_two),
+    ("hang-2", step_hang),
 ]
 
 

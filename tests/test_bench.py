@@ -24,6 +24,7 @@ BENCHMARKS = {
     "collectives": ([], "unidist us"),
     "control_scale": ([], "new/old"),
     "gpu_microbatch": ([], "RESULT: PASS"),
+    "hang": ([], "s to exit"),
     "harness": ([], "x run_distributed"),
     "import_time": (PEERS, "import unidist"),
     "launch": (PEERS, "failure -> exit s"),
