@@ -30,6 +30,7 @@ AGAINST = {
     "collectives": "raw torch.distributed calls (same processes, alternating blocks)",
     "control_scale": "the all-to-all control protocol it replaced, and bare store traffic",
     "gpu_microbatch": "hand-written gradient accumulation on a real GPU (needs CUDA)",
+    "hang": "torchrun (the collective's timeout), TORCH_DISTRIBUTED_DEBUG=DETAIL; no sampler",
     "harness": "torch.multiprocessing.spawn and Ignite's Parallel, per 2-rank test call",
     "import_time": "import torch, Composer's dist and ignite.distributed",
     "launch": "torchrun, composer -n and Ignite's Parallel",

@@ -103,7 +103,7 @@ def measure(rounds: int, folder: str) -> dict[str, list[float]]:
         state.save_every = None
 
     out: dict[str, list[float]] = {
-        key: [] for key in ("alone", "state", "again", "bare", "raw", "save", "saving_step")
+        key: [] for key in ("alone", "state", "again", "bare", "raw", "save", "saving_step", "raw2")
     }
     block(train_step), block(with_state)  # warm-up
     timed(raw_save), timed(our_save), timed(saving_step)
@@ -119,6 +119,7 @@ def measure(rounds: int, folder: str) -> dict[str, list[float]]:
         out["raw"].append(timed(raw_save))
         out["save"].append(timed(our_save))
         out["saving_step"].append(timed(saving_step))
+        out["raw2"].append(timed(raw_save))  # dcp.save twice: the noise of a save
     state.close()
     return out
 
@@ -167,7 +168,11 @@ def main() -> None:
     print(f"state.step() alone, no training: {rank_median('bare'):.2f} us a call")
     raw = max(median(r["raw"]) for r in per_rank) * 1e3
     rows = [("dcp.save alone", raw, 1.0)]
-    for key, name in (("save", "state.save()"), ("saving_step", "state.step() that saves")):
+    for key, name in (
+        ("raw2", "dcp.save alone again (noise)"),
+        ("save", "state.save()"),
+        ("saving_step", "state.step() that saves"),
+    ):
         ours = max(median(r[key]) for r in per_rank) * 1e3
         rows.append((name, ours, ours / raw))
     print(f"\nper save (median of {args.rounds})")
