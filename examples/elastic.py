@@ -7,7 +7,7 @@
 
 torch's elastic agent restarts every rank when the membership changes: it sends SIGTERM, and
 :class:`unidist.ResumableState` lets each rank finish its step, saves the model, optimizer,
-data position and random states, and leaves. A node that dies without warning costs the steps
+learning-rate schedule, data position and random states, and leaves. A node that dies without warning costs the steps
 since the last save (``--save-every``): the restart reads them again from that checkpoint. The
 global batch stays the same on any number of ranks (``--global-batch-size``), so each step
 trains on the same samples whatever the world size.
@@ -83,11 +83,14 @@ def main() -> int:
     torch.manual_seed(0)  # identical initial weights on every rank (and in every restart)
     model = unidist.auto_model(nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    # The learning rate decays with the steps: a restart must resume it where it stopped.
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.8)
     state = unidist.ResumableState(
         args.checkpoint,
         job=args.job,
         model=model,
         optimizer=optimizer,
+        stateful={"scheduler": scheduler},
         loader=loader,
         save_every=args.save_every,
     )
@@ -104,6 +107,7 @@ def main() -> int:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            scheduler.step()
             total, batches = total + loss.item(), batches + 1
             first_epoch += ids.tolist() if epoch == 0 else []
             reads(epoch, ids.tolist())

@@ -170,3 +170,46 @@ def test_the_ddp_tutorial_resumes_from_its_snapshot_exactly(tmp_path: Path) -> N
     assert resumed["epochs"] == straight["epochs"][2:]
     assert resumed["losses"] == straight["losses"][2:]
     assert resumed["weights"] == straight["weights"]
+
+
+def test_the_elastic_example_stopped_and_resumed_ends_with_the_same_weights(
+    tmp_path: Path,
+) -> None:
+    # One process, stopped by SIGTERM mid-epoch (a scheduler's preemption), then run again: the
+    # model, optimizer, learning-rate schedule and data position come back, and the final
+    # weights are the uninterrupted run's, bit for bit (the same world size).
+    import signal
+
+    from tests._waiting import wait_for
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
+    common = ["examples/elastic.py", "--epochs", "2", "--save-every", "1000", "--workers", "0"]
+    straight = tmp_path / "straight.json"
+    _run(*common, "--checkpoint", str(tmp_path / "a"), "--weights", str(straight))
+    record = tmp_path / "record"
+    record.mkdir()
+    args = [*common, "--checkpoint", str(tmp_path / "b"), "--weights", str(tmp_path / "b.json")]
+    first = subprocess.Popen(
+        [sys.executable, *args, "--record", str(record), "--step-delay", "0.05"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def steps() -> int:
+            return sum(len(p.read_text().splitlines()) for p in record.glob("reads-*.jsonl"))
+
+        wait_for(lambda: steps() >= 25, 120, "25 steps of the first run")
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+    assert first.returncode == -signal.SIGTERM, err[-3000:]
+    saved = json.loads((tmp_path / "b" / "latest.json").read_text())["step"]
+    assert 25 <= saved < 120  # mid-run: 2 epochs of 60 steps
+    _run(*args)
+    assert json.loads((tmp_path / "b.json").read_text()) == json.loads(straight.read_text())

@@ -363,3 +363,68 @@ def test_folders_that_are_not_shared_are_refused(tmp_path: Path) -> None:
         run_distributed(_one_rank_has_a_checkpoint, str(tmp_path), timeout=120)
     assert "the ranks found different checkpoints" in failed.value.failures[0]
     assert "every node shares" in failed.value.failures[1]
+
+
+# -- any Stateful -------------------------------------------------------------------------------
+
+
+def _with_schedule(folder: str, **kw: Any) -> dict[str, Any]:
+    """_parts plus an LR schedule and a GradScaler, saved as stateful objects."""
+    parts = _parts(folder, **kw)
+    scheduler = torch.optim.lr_scheduler.StepLR(parts["optimizer"], step_size=4, gamma=0.7)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=3)
+    parts["state"] = unidist.ResumableState(
+        folder,
+        job="job-a",
+        model=parts["model"],
+        optimizer=parts["optimizer"],
+        stateful={"scheduler": scheduler, "scaler": scaler},
+        loader=parts["loader"],
+        **kw,
+    )
+    return {**parts, "scheduler": scheduler, "scaler": scaler}
+
+
+def _train_scaled(parts: dict[str, Any], epochs: int, stop_after: int | None = None) -> None:
+    state, model, optimizer = parts["state"], parts["model"], parts["optimizer"]
+    for _ in state.epochs(epochs):
+        for _ids, x in parts["loader"]:
+            optimizer.zero_grad()
+            parts["scaler"].scale(model(x).square().mean()).backward()
+            parts["scaler"].step(optimizer)
+            parts["scaler"].update()
+            parts["scheduler"].step()
+            state.step()
+            if stop_after is not None and state.steps == stop_after:
+                return
+
+
+def test_an_lr_schedule_and_a_grad_scaler_resume_on_the_same_curve(tmp_path: Path) -> None:
+    reference = _with_schedule(str(tmp_path / "ref"))
+    _train_scaled(reference, 2)
+    first = _with_schedule(str(tmp_path / "run"), save_every=5)
+    _train_scaled(first, 2, stop_after=18)  # a crash: steps 16-18 are lost
+    second = _with_schedule(str(tmp_path / "run"), save_every=5)
+    assert second["state"].restore()
+    assert second["scheduler"].last_epoch == 15  # the schedule came back with the step
+    assert second["scaler"].state_dict() != torch.amp.GradScaler("cpu").state_dict()
+    _train_scaled(second, 2)
+    assert _weights(second["model"]) == _weights(reference["model"])  # bit for bit
+    assert second["scheduler"].get_last_lr() == reference["scheduler"].get_last_lr()
+    assert second["scaler"].state_dict() == reference["scaler"].state_dict()
+
+
+def test_stateful_objects_are_checked_and_a_missing_one_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"stateful\['lr'\] is a int"):
+        unidist.ResumableState(tmp_path, job="j", stateful={"lr": 3})
+    with pytest.raises(ConfigurationError, match="names are letters"):
+        unidist.ResumableState(tmp_path, job="j", stateful={"a.b": torch.nn.Linear(1, 1)})
+    parts = _parts(str(tmp_path))
+    parts["state"].save()
+    parts["state"].close()
+    scheduler = torch.optim.lr_scheduler.StepLR(parts["optimizer"], step_size=4)
+    later = unidist.ResumableState(
+        tmp_path, job="job-a", model=parts["model"], stateful={"scheduler": scheduler}
+    )
+    with pytest.raises(CheckpointError, match=r"does not fit .*'scheduler'"):
+        later.restore()

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import warnings
 from collections.abc import Iterator, Mapping
@@ -69,6 +70,10 @@ class ResumableState:
         model: saved and loaded with ``torch.distributed.checkpoint`` (DDP, FSDP and plain
             modules alike; ``get_state_dict``/``set_state_dict`` handle the wrappers).
         optimizer: saved with the model (needs ``model``).
+        stateful: anything else with ``state_dict()``/``load_state_dict()`` to save with them,
+            by name: ``{"scheduler": scheduler, "scaler": scaler, "metric": metric}``. Saved
+            through ``torch.distributed.checkpoint`` as well (tensors resharded on load), and
+            loaded back into the same objects.
         loader: what yields the data and knows its position: a :class:`unidist.StatefulDataLoader`
             (what :func:`unidist.auto_dataloader` returns) or a unidist sampler; anything with
             ``state_dict()`` (plain JSON) and ``load_state_dict()``.
@@ -89,6 +94,7 @@ class ResumableState:
         job: str,
         model: torch.nn.Module | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        stateful: Mapping[str, Any] | None = None,
         loader: Any = None,
         save_every: int | None = None,
         keep: int = 2,
@@ -121,6 +127,7 @@ class ResumableState:
         self.job = job
         self.model = model
         self.optimizer = optimizer
+        self.stateful = _check_stateful(stateful)
         self.loader = loader
         self.save_every = (
             None if save_every is None else check_int(save_every, "save_every", minimum=1)
@@ -267,9 +274,9 @@ class ResumableState:
         rank, same_world = ranks.get_rank(), saved_world == ranks.get_world_size()
         # With a model, each rank's random state is in torch's files (rng.r<rank>.*); without
         # one, in rng-r<rank>.json.
-        in_torch = self.model is not None and not folder.exists(files.rng_name(rank))
+        in_torch = self._in_torch and not folder.exists(files.rng_name(rank))
         rng: dict[str, Any] | None = None
-        if self.model is not None:
+        if self._in_torch:
             rng = self._load_model(folder, rank if same_world and in_torch else None)
         if self.loader is not None:
             if data is None:
@@ -301,8 +308,14 @@ class ResumableState:
         self.resumed_from = self._in_force = self._steps
         log.info("resumed from %s (epoch %s, step %s)", where, self.epoch, self._steps)
 
+    @property
+    def _in_torch(self) -> bool:
+        """Whether this state saves through torch.distributed.checkpoint (a model or stateful)."""
+        return self.model is not None or bool(self.stateful)
+
     def _load_model(self, folder: Dir, rng_rank: int | None) -> dict[str, Any] | None:
-        """Load the model and optimizer (and rank ``rng_rank``'s random state: returned)."""
+        """Load the model, optimizer and stateful objects (and rank ``rng_rank``'s random
+        state: returned)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -316,27 +329,43 @@ class ResumableState:
                 # Through the checked handle: torch reopens nothing by the folder's path.
                 dcp.load(state, checkpoint_id=folder.torch_path)
         except (Exception, CheckpointException) as exc:  # torch's is a BaseException
+            names = ", ".join(["model", *(["optimizer"] if self.optimizer else [])])
+            names += "".join(f", {name!r}" for name in self.stateful)
             raise CheckpointError(
-                f"the checkpoint {where} does not fit this model and optimizer: {exc}. HINT: "
-                "build the same model (and optimizer) as the run that saved it."
+                f"the checkpoint {where} does not fit this model and optimizer ({names}): "
+                f"{exc}. HINT: build the same model, optimizer and stateful objects as the run "
+                "that saved it."
             ) from exc
-        assert self.model is not None
-        set_state_dict(
-            self.model,
-            self.optimizer if self.optimizer is not None else (),
-            model_state_dict=state["model"],
-            optim_state_dict=state.get("optim", {}),
-        )
+        if self.model is not None:
+            set_state_dict(
+                self.model,
+                self.optimizer if self.optimizer is not None else (),
+                model_state_dict=state["model"],
+                optim_state_dict=state.get("optim", {}),
+            )
+        for name, obj in self.stateful.items():
+            try:
+                obj.load_state_dict(state["stateful"][name])
+            except Exception as exc:
+                raise CheckpointError(
+                    f"the checkpoint {where} holds a state for {name!r} that "
+                    f"{type(obj).__name__}.load_state_dict refuses: {exc!r:.300}"
+                ) from exc
         return None if rng_rank is None else state["rng"][f"r{rng_rank}"]
 
     def _model_state(self) -> dict[str, Any]:
+        """What torch.distributed.checkpoint saves and loads: the model and optimizer (through
+        ``get_state_dict``, which handles DDP and FSDP), and each stateful object's state."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
-        assert self.model is not None
-        if self.optimizer is None:
-            return {"model": get_model_state_dict(self.model)}
-        model, optim = get_state_dict(self.model, self.optimizer)
-        return {"model": model, "optim": optim}
+        state: dict[str, Any] = {}
+        if self.model is not None and self.optimizer is None:
+            state["model"] = get_model_state_dict(self.model)
+        elif self.model is not None and self.optimizer is not None:
+            state["model"], state["optim"] = get_state_dict(self.model, self.optimizer)
+        if self.stateful:
+            state["stateful"] = {name: obj.state_dict() for name, obj in self.stateful.items()}
+        return state
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -446,6 +475,7 @@ class ResumableState:
             "world_size": world,
             "loader": data,
             "extra": self.extra,
+            "stateful": sorted(self.stateful),
         }
         _check_json(progress)
         self._commit.join()  # the last save counts before this one begins
@@ -453,7 +483,7 @@ class ResumableState:
         # removed those newer than the checkpoint in force), and a save of this step that
         # failed in this run left files of the same names, which this one overwrites.
         with self._root.open_or_make_dir(files.step_name(self._steps)) as folder:
-            if self.model is not None:
+            if self._in_torch:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -504,6 +534,37 @@ class ResumableState:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
+
+
+def _check_stateful(stateful: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``stateful=`` objects by name, each with ``state_dict()``/``load_state_dict()``."""
+    if stateful is None:
+        return {}
+    if not isinstance(stateful, Mapping):
+        raise ConfigurationError(
+            f"stateful={type(stateful).__name__}: expected a dict of name -> object, e.g. "
+            "stateful={'scheduler': scheduler, 'scaler': scaler}."
+        )
+    for name, obj in stateful.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigurationError(
+                f"stateful name {name!r}: names are letters, digits, '_' and '-' (64 at most, "
+                "not starting with a digit), since torch's checkpoint keys are built from "
+                "them. HINT: stateful={'scheduler': ...}."
+            )
+        if not (
+            callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        ):
+            raise ConfigurationError(
+                f"stateful[{name!r}] is a {type(obj).__name__}, which has no "
+                "state_dict()/load_state_dict(). HINT: pass objects such as LR schedulers, "
+                "GradScaler, torchmetrics metrics, or wrap yours in a class with both methods."
+            )
+    return dict(stateful)
 
 
 def _check_json(progress: dict[str, Any]) -> None:
