@@ -7,10 +7,10 @@
 
 torch's elastic agent restarts every rank when the membership changes: it sends SIGTERM, and
 :class:`unidist.ResumableState` lets each rank finish its step, saves the model, optimizer,
-learning-rate schedule, data position and random states, and leaves. A node that dies without warning costs the steps
-since the last save (``--save-every``): the restart reads them again from that checkpoint. The
-global batch stays the same on any number of ranks (``--global-batch-size``), so each step
-trains on the same samples whatever the world size.
+learning-rate schedule, data position and random states, and leaves. A node that dies without
+warning costs the steps since the last save (``--save-every``): the restart reads them again
+from that checkpoint. The global batch stays the same on any number of ranks
+(``--global-batch-size``), so each step trains on the same samples whatever the world size.
 
 If node A leaves, node B's launcher ends with one line that names the lost store (the guide's
 "Limits": host the store on a machine that stays). ``--workers N`` sets the DataLoader workers
