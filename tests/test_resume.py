@@ -428,3 +428,73 @@ def test_stateful_objects_are_checked_and_a_missing_one_is_named(tmp_path: Path)
     )
     with pytest.raises(CheckpointError, match=r"does not fit .*'scheduler'"):
         later.restore()
+
+
+# -- preemption ---------------------------------------------------------------------------------
+
+GRACE = """
+import os, signal, sys
+sys.path.insert(0, {tests!r})
+from test_resume import _parts
+parts = _parts({folder!r}, save_every=3, grace={grace!r})
+for epoch in parts["state"].epochs(2):
+    for ids, x in parts["loader"]:
+        if parts["state"].steps == 6:
+            os.kill(os.getpid(), signal.{signal})  # the platform's stop, with little time left
+        parts["state"].step()
+"""
+
+
+@pytest.mark.parametrize(
+    ("grace", "kept"),
+    [(1e-6, "kept step 6"), (600.0, "saved step 7")],
+)
+def test_a_stop_saves_only_when_the_save_fits_in_the_grace(
+    tmp_path: Path, grace: float, kept: str
+) -> None:
+    # A save takes milliseconds here (timed on the saves of steps 3 and 6): a grace of a
+    # microsecond leaves no time, and the checkpoint of step 6 stays in force.
+    code = GRACE.format(
+        tests=str(ROOT / "tests"), folder=str(tmp_path / "ck"), grace=grace, signal="SIGUSR1"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
+    err = done.stderr.decode()
+    assert done.returncode == -signal.SIGUSR1, err[-3000:]  # SIGUSR1 is a stop signal here
+    assert f"{kept} and stopping: SIGUSR1" in err, err[-3000:]
+    step = json.loads((tmp_path / "ck" / "latest.json").read_text())["step"]
+    assert step == int(kept.split()[-1])
+    if grace < 1:
+        assert "no time to save step 7 before the grace runs out" in err
+
+
+def test_sigusr1_is_a_stop_signal_only_where_nobody_handles_it(tmp_path: Path) -> None:
+    from unidist._resume.stopping import default_stop_signals
+
+    before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # as in a script (not pytest's)
+    try:
+        assert default_stop_signals() == (signal.SIGTERM, signal.SIGUSR1)
+        signal.signal(signal.SIGUSR1, lambda *_: None)
+        assert default_stop_signals() == (signal.SIGTERM,)  # the script's own: left alone
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def _usr1_on_one_rank(folder: str) -> int:
+    parts = _parts(folder, world=2, stop_timeout=1.0)
+    for _ in parts["state"].epochs(2):
+        for _batch in parts["loader"]:
+            if parts["state"].steps == 2 and unidist.get_rank() == 1:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            parts["state"].step()
+    return parts["state"].steps
+
+
+@pytest.mark.multiprocess
+def test_sigusr1_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    with pytest.raises(DistributedTestError) as failed:
+        run_distributed(_usr1_on_one_rank, str(tmp_path), timeout=120)
+    assert "exited with code -10" in failed.value.failures[1]  # ended by its SIGUSR1
+    step = json.loads((tmp_path / "latest.json").read_text())["step"]
+    assert f"saved step {step} " in failed.value.failures[0]
+    assert "got SIGUSR1" in failed.value.failures[0]

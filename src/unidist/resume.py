@@ -29,6 +29,7 @@ import os
 import random
 import re
 import signal
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
@@ -45,7 +46,7 @@ from unidist._resume import folder as files
 from unidist._resume import records
 from unidist._resume.handle import Dir
 from unidist._resume.lock import RunLock
-from unidist._resume.stopping import StopSignals, StopVote
+from unidist._resume.stopping import StopSignals, StopVote, default_stop_signals
 from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
 from unidist._sampling.passes import check_int
 from unidist.collectives import all_reduce
@@ -81,7 +82,15 @@ class ResumableState:
             explicit :meth:`save`).
         keep: complete checkpoints kept; older ones are removed after each save.
         stop_signals: signals that mean "save and stop at the next step" (handlers are set in
-            :meth:`restore` and put back by :meth:`close`). ``()`` leaves signals alone.
+            :meth:`restore` and put back by :meth:`close`). Default: SIGTERM (torch's agent,
+            Kubernetes, ``scancel``), and SIGUSR1 (SLURM's ``--signal=USR1@SECONDS``, sent
+            before a job's time runs out) when no handler of the script's has it. ``()``
+            leaves signals alone.
+        grace: seconds the platform gives between its stop signal and SIGKILL (SLURM's
+            ``@SECONDS``, Kubernetes' ``terminationGracePeriodSeconds``, torch's agent: 30).
+            When a stop comes and a save (timed on the saves so far) would not end in time on
+            every rank, no rank starts one: each says so and leaves, and the checkpoint in force
+            stays so, rather than a save cut short by SIGKILL. ``None``: always save.
         stop_timeout: seconds a rank that agreed to stop (another rank got the signal) waits
             for its own launcher's signal before it raises instead.
         timeout: seconds each rank waits for the others while saving.
@@ -98,8 +107,9 @@ class ResumableState:
         loader: Any = None,
         save_every: int | None = None,
         keep: int = 2,
-        stop_signals: tuple[int, ...] = (signal.SIGTERM,),
+        stop_signals: tuple[int, ...] | None = None,
         stop_timeout: float | timedelta = 60.0,
+        grace: float | timedelta | None = None,
         timeout: float | timedelta = 300.0,
     ) -> None:
         if not isinstance(job, str) or not job.strip():
@@ -134,6 +144,8 @@ class ResumableState:
         )
         self.keep = check_int(keep, "keep", minimum=1)
         self.stop_timeout = _env.timeout_seconds(stop_timeout, "stop_timeout")
+        self.grace = None if grace is None else _env.timeout_seconds(grace, "grace")
+        self._save_seconds = 0.0  # the longest save of this run so far
         self.timeout = _env.timeout_seconds(timeout)
         self.epoch = 0
         self.extra: dict[str, Any] = {}
@@ -141,7 +153,7 @@ class ResumableState:
         self._steps = 0
         self._restored: bool | None = None
         self._in_force: int | None = None  # the step of the checkpoint latest.json names
-        self._stops = StopSignals(stop_signals)
+        self._stops = StopSignals(default_stop_signals() if stop_signals is None else stop_signals)
         self._vote = StopVote()
         self._root: Dir | None = None
         self._lock: RunLock | None = None
@@ -401,10 +413,10 @@ class ResumableState:
         self._steps += 1
         progress.step()
         stop = self._vote.cast(self._steps, self._stops.received) if self._stops.signums else 0
-        if stop or (self.save_every and self._steps % self.save_every == 0):
-            self._checkpoint(wait=False)  # training goes on while rank 0 makes it count
         if stop:
             self._stop(stop)
+        if self.save_every and self._steps % self.save_every == 0:
+            self._checkpoint(wait=False)  # training goes on while rank 0 makes it count
 
     def _settle(self) -> None:
         """At an epoch's end, which every rank reaches together: stop now if any rank was
@@ -413,22 +425,55 @@ class ResumableState:
             return
         stop = self._vote.settle(self._steps, self._stops.received)
         if stop:
-            self._checkpoint(wait=False)
             self._stop(stop)
 
     def _stop(self, signum: int) -> None:
+        """Every rank was told to stop at this step: save (if it fits in the grace), leave."""
         name = signal.Signals(signum).name
-        self._commit.join()  # the checkpoint counts before this rank leaves
+        saved = self._save_for_stop()
         own = self._stops.received or self._stops.wait(self.stop_timeout)
+        what = f"saved step {self._steps}" if saved else f"kept step {self._in_force}"
         if own:
-            log.warning("saved step %s and stopping: %s", self._steps, signal.Signals(own).name)
+            log.warning("%s and stopping: %s", what, signal.Signals(own).name)
             self._stops.leave(own)
         raise DistributedTimeoutError(
-            f"rank {ranks.get_rank()} saved step {self._steps} in {self.root} and stopped "
-            f"because another rank got {name}, but no stop signal reached this rank within "
-            f"{self.stop_timeout:g} s (stop_timeout). The job resumes from that checkpoint "
-            "when it is restarted."
+            f"rank {ranks.get_rank()} {what} in {self.root} and stopped because another rank "
+            f"got {name}, but no stop signal reached this rank within {self.stop_timeout:g} s "
+            "(stop_timeout). The job resumes from that checkpoint when it is restarted."
         )
+
+    def _save_for_stop(self) -> bool:
+        """Save this step unless a rank has no time for it before its grace runs out (every
+        rank decides the same: a save is a collective). True if saved."""
+        fits = True
+        if self.grace is not None:
+            elapsed = self._stops.elapsed()
+            needed = 1.25 * self._save_seconds
+            fits = elapsed + needed <= self.grace
+            if not fits:
+                log.warning(
+                    "no time to save step %s before the grace runs out (grace=%g s: the signal "
+                    "came %.1f s ago and a save takes about %.1f s here); the checkpoint of "
+                    "step %s stays in force",
+                    self._steps,
+                    self.grace,
+                    elapsed,
+                    self._save_seconds,
+                    self._in_force,
+                )
+            every = self._vote.agree(int(fits))
+            if fits and not every:
+                log.warning(
+                    "another rank has no time to save step %s before its grace runs out; the "
+                    "checkpoint of step %s stays in force",
+                    self._steps,
+                    self._in_force,
+                )
+            fits = bool(every)
+        if fits:
+            self._checkpoint(wait=False)
+        self._commit.join()  # the checkpoint counts before this rank leaves
+        return fits
 
     # -- save ----------------------------------------------------------------------------------
 
@@ -454,8 +499,10 @@ class ResumableState:
         if self._in_force == self._steps:
             return where  # saved or restored at this very step: rewriting it would unseat it
         closed = self._root is None  # after close(): the lock is held for this save only
+        started = time.monotonic()
         try:
             self._save(where)
+            self._save_seconds = max(self._save_seconds, time.monotonic() - started)
             if wait:
                 self._commit.wait_counted()
         finally:

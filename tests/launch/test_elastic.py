@@ -192,13 +192,14 @@ def _start(record: Path, checkpoint: Path, log_dir: Path, *extra: str) -> subpro
 def test_dataloader_workers_live_until_the_agreed_save(tmp_path: Path) -> None:
     # torch's agent (and SLURM) signal the rank's whole process group: its DataLoader workers
     # got the SIGTERM too, died first, and the rank failed on "DataLoader worker (pid N) is
-    # killed by signal: Terminated" before it could save. Three starts of one job, with a
+    # killed by signal: Terminated" before it could save. Four starts of one job, with a
     # worker per rank: stopped by SIGTERM to the launcher, then (persistent workers) by SIGTERM
-    # to one rank, then run to the end; every sample is read once per epoch.
+    # to one rank, then by SIGUSR1 to the launcher (SLURM's warning before a time limit), then
+    # run to the end; every sample is read once per epoch.
     record, checkpoint = tmp_path / "record", tmp_path / "checkpoint"
     record.mkdir()
     saved: list[int] = []
-    for i, how in enumerate(("launcher", "one rank")):
+    for i, how in enumerate(("launcher", "one rank", "slurm")):
         log_dir = tmp_path / f"start{i}"
         extra = ["--persistent-workers"] if how == "one rank" else []
         launcher = _start(record, checkpoint, log_dir, *extra)
@@ -209,19 +210,24 @@ def test_dataloader_workers_live_until_the_agreed_save(tmp_path: Path) -> None:
             assert len(workers) == 2, workers  # one per rank
             if how == "launcher":
                 launcher.send_signal(signal.SIGTERM)
-            else:
+            elif how == "one rank":
                 os.kill(pids_of(log_dir)[0], signal.SIGTERM)
+            else:  # SLURM's --signal=USR1@90 reaches the launcher under srun
+                launcher.send_signal(signal.SIGUSR1)
             _, err = launcher.communicate(timeout=120)
         finally:
             launcher.kill()
             launcher.communicate(timeout=30)
         assert "DataLoader worker" not in err, err[-4000:]
-        assert "and stopping: SIGTERM" in err, err[-4000:]
+        name = "SIGUSR1" if how == "slurm" else "SIGTERM"
+        assert f"and stopping: {name}" in err, err[-4000:]
+        if how == "slurm":
+            assert "SIGUSR1 was passed on to every rank, and they stopped" in err, err[-3000:]
         step = json.loads((checkpoint / "latest.json").read_text())["step"]
         assert step > (saved[-1] if saved else 0)
         saved.append(step)
         assert_nothing_left(log_dir, *workers)
-    launcher = _start(record, checkpoint, tmp_path / "start2")
+    launcher = _start(record, checkpoint, tmp_path / "start3")
     _, err = launcher.communicate(timeout=180)
     assert launcher.returncode == 0, err[-4000:]
     lines = committed_to(reads(record), saved)

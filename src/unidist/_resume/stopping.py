@@ -32,12 +32,22 @@ from unidist.errors import ConfigurationError, translate_errors
 _POLL = 0.05
 
 
+def default_stop_signals() -> tuple[int, ...]:
+    """SIGTERM, and SIGUSR1 (SLURM's warning before a job's time runs out) unless this
+    process already handles it (a handler set from Python, or one that ignores it)."""
+    found: list[int] = [signal.SIGTERM]
+    if hasattr(signal, "SIGUSR1") and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:
+        found.append(signal.SIGUSR1)
+    return tuple(found)
+
+
 class StopSignals:
     """While installed, the signals in ``signums`` set :attr:`received` instead of killing."""
 
     def __init__(self, signums: Iterable[int]) -> None:
         self.signums = tuple(signal.Signals(s) for s in signums)
         self.received = 0  # the first stop signal's number, 0 while none came
+        self.received_at: float | None = None  # when (monotonic)
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -55,7 +65,12 @@ class StopSignals:
             workers.STOP_SIGNALS.add(signum)  # a loader's workers leave it to this rank
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        self.received = self.received or signum
+        if not self.received:
+            self.received, self.received_at = signum, time.monotonic()
+
+    def elapsed(self) -> float:
+        """Seconds since this rank's stop signal (0 if none came: another rank's stop)."""
+        return 0.0 if self.received_at is None else time.monotonic() - self.received_at
 
     def restore(self) -> None:
         """Put back the handlers that were there before :meth:`install`."""
@@ -173,6 +188,21 @@ class StopVote:
             dist.all_reduce(now, op=dist.ReduceOp.MAX, group=self._group)
         self._next = step + 1
         return max(verdict, int(now[0]))
+
+    def agree(self, flag: int) -> int:
+        """The smallest ``flag`` of every rank, asked now and waited for (a stop's decision)."""
+        if not self._live:
+            return flag
+        import torch
+        import torch.distributed as dist
+
+        with translate_errors("ResumableState's stop vote (an all_reduce of one integer)"):
+            if self._work is not None:  # the vote in flight first: one collective at a time
+                work, self._work = self._work, None
+                work.wait()
+            value = torch.tensor([-flag], dtype=torch.int64)
+            dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group)
+        return -int(value[0])
 
     def _proposal(self, step: int, now: float) -> int:
         """Steps until the vote after the next one, as this rank would have it."""

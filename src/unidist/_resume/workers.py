@@ -38,6 +38,8 @@ from typing import Any
 #: Signals a rank may be told to stop by: torch's agent (SIGTERM), a terminal (SIGINT), SLURM's
 #: ``--signal`` (SIGUSR1/SIGUSR2 by convention). ResumableState adds the ones it listens to.
 STOP_SIGNALS: set[int] = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+if hasattr(signal, "SIGRTMIN"):  # unidist launch's stack-dump signal, should it reach a group
+    STOP_SIGNALS.add(int(signal.SIGRTMIN) + 6)
 
 _PR_SET_PDEATHSIG = 1
 

@@ -7,7 +7,9 @@ fault or the consequence of another rank's failure). The launcher reads them to 
 culprit. Each rank also:
 
 * dumps every thread's Python stack to its stderr log when the launcher stops it (SIGTERM or
-  SIGINT) or asks for it (SIGUSR1), so the report shows what a stopped rank was doing;
+  SIGINT) or asks for it (:data:`STACK_SIGNAL`, a real-time signal no script uses: SIGUSR1
+  and SIGUSR2 stay free for schedulers, SLURM's ``--signal=USR1@90`` above all), so the report
+  shows what a stopped rank was doing;
 * dies at once on SIGINT from the launcher instead of waiting in a collective for a
   KeyboardInterrupt that cannot be delivered (a script's own signal handler still wins);
 * asks Linux to kill it if the launcher itself dies (no orphans);
@@ -41,6 +43,7 @@ from typing import Any
 from unidist.launch import records
 
 __all__ = [
+    "STACK_SIGNAL",
     "classify",
     "default_start_method",
     "die_with_parent",
@@ -49,6 +52,13 @@ __all__ = [
     "record_error",
     "when_imported",
 ]
+
+
+#: The signal that asks a rank for every thread's stack (faulthandler answers it from inside any
+#: C code): a real-time signal, so that SIGUSR1 and SIGUSR2 stay the script's and the
+#: scheduler's. Sent to the rank's own pid, never its process group (DataLoader workers would
+#: die of a real-time signal's default action).
+STACK_SIGNAL: int = int(signal.SIGRTMIN) + 6 if hasattr(signal, "SIGRTMIN") else int(signal.SIGUSR1)
 
 
 def _identity() -> dict[str, Any]:
@@ -83,7 +93,7 @@ def prepare_rank(python: bool = True) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         for sig in (signal.SIGTERM, signal.SIGINT):
             faulthandler.register(sig, all_threads=True, chain=True)
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        faulthandler.register(STACK_SIGNAL, all_threads=True, chain=False)
         _defer_group_destruction()
         _prefix_store_by_attempt()
         _bind_group_store_to_master_addr()

@@ -11,7 +11,8 @@ same report.
 
 When it is called, :meth:`HangWatch.call` asks each rank for a dump of every thread's stack (its
 sampler thread answers within a tick; a rank that cannot, because it is frozen or in C code
-holding the GIL, gets SIGUSR1, which faulthandler answers from inside any C code), then builds
+holding the GIL, gets the launcher's stack signal, which faulthandler answers from inside any C
+code), then builds
 each rank's facts (running, exited with its code, frozen, silent) and the verdict. The report
 goes to ``hang.json`` in the run folder and to the console; the watchdog then stops the job.
 """
@@ -21,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from typing import Any
 from unidist._progress import record
 from unidist._progress.record import Snapshot, State
 from unidist._progress.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
+from unidist.launch._rank import STACK_SIGNAL
 from unidist.launch.records import Start
 from unidist.launch.watch import Observed
 
@@ -198,7 +199,8 @@ class HangWatch:
 
     def ask_for_stacks(self, start: Start, procs: Mapping[int, tuple[int, int | None]]) -> None:
         """Every live rank dumps every thread's stack into its stderr log: through its sampler
-        thread, or, for a rank that cannot answer within :data:`DUMP_WAIT`, through SIGUSR1."""
+        thread, or, for a rank that cannot answer within :data:`DUMP_WAIT`, through the stack
+        signal (faulthandler, registered by the rank's bootstrap)."""
         asked = {}
         for rank in procs:
             asked[rank] = record.ask_for_stacks(self.path(start.index, rank))
@@ -214,7 +216,7 @@ class HangWatch:
         for rank in waiting:
             pid = procs[rank][0]
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGUSR1)  # faulthandler, registered by the rank's bootstrap
+                os.kill(pid, STACK_SIGNAL)  # faulthandler, registered by the rank's bootstrap
 
     def facts(
         self,

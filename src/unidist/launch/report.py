@@ -109,7 +109,12 @@ class Report:
                 f"{len(self.earlier)} restart(s); {self._history()}.\n"
             ) + self._straggler_text()
         lines = [f"unidist launch: the job failed (exit code {self.exit_code})."]
-        if self.interrupted:
+        if self.interrupted in ("SIGUSR1", "SIGUSR2"):
+            lines[0] = (
+                f"unidist launch: {self.interrupted} was passed on to every rank, and they "
+                f"stopped (exit code {self.exit_code})."
+            )
+        elif self.interrupted:
             lines[0] = f"unidist launch: interrupted by {self.interrupted}; every rank was stopped."
         if self.hang is not None:
             logs = {o.rank: o.stderr for o in self.outcomes if not o.remote}

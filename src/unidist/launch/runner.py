@@ -38,6 +38,7 @@ from unidist._progress import record as progress_record
 from unidist._progress.record import State
 from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch import onenode, records, relay, rundir
+from unidist.launch._rank import STACK_SIGNAL
 from unidist.launch.console import Console
 from unidist.launch.exits import ExitClock
 from unidist.launch.hang import HANG_EXIT_CODE, HangReport, HangWatch, StragglerReport
@@ -268,6 +269,7 @@ class _Watchdog(threading.Thread):
         self._interval = min(0.05, run.plan.monitor_interval / 2)
         self.clock = ExitClock(self._interval)  # when each rank exited, to the millisecond
         self.hang = HangWatch(run.events, run.plan.hang_timeout)
+        self.forwarded: str | None = None  # the first signal the launcher passed on
         self._hosts: dict[int, str] = {}
         every = run.plan.straggler_every
         self._stragglers_at = time.monotonic() + every if every else None
@@ -480,11 +482,26 @@ class _Watchdog(threading.Thread):
             watch = self.seen.watch(rank)
             if watch.state is not RankState.HUNG:
                 advance(watch, "hang", time.time_ns())
-                _signal(procs[rank], signal.SIGUSR1)  # every thread's stack into its stderr log
+                _ask_for_stack(procs[rank])  # every thread's stack into its stderr log
         if hung:
             time.sleep(0.5)
         for rank in hung:
             _signal(procs[rank], signal.SIGKILL)
+
+    def forward(self, signum: int, frame: Any = None) -> None:
+        """A signal handler: pass ``signum`` on to every rank of the latest start."""
+        start = self.run_.current
+        ranks = [] if start is None else list(start.slots.values())
+        sent = 0
+        for slot in ranks:
+            proc = self.procs.get((start.index, slot.rank)) if start is not None else None
+            if proc is not None and not self.seen.get(slot.rank).gone:
+                _signal(proc, signal.Signals(signum))
+                sent += 1
+        name = signal.Signals(signum).name
+        self.forwarded = self.forwarded or name
+        sys.stderr.write(f"unidist launch: {name} passed on to {sent} rank(s) of this node\n")
+        sys.stderr.flush()
 
     def sweep(self) -> None:
         """SIGKILL every rank's process group (leftover DataLoader workers included)."""
@@ -548,6 +565,16 @@ def _alive(pid: int, pid_start: int | None) -> bool:
     return True
 
 
+def _ask_for_stack(proc: tuple[int, int | None]) -> None:
+    """The rank dumps every thread's stack into its stderr log (faulthandler, from any C code)."""
+    pid, pid_start = proc
+    started = records.process_start_time(pid)
+    if started is not None and pid_start is not None and started != pid_start:
+        return  # the PID was reused by a process that is not this run's
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, STACK_SIGNAL)  # the rank alone: its workers would die of it
+
+
 def _signal(proc: tuple[int, int | None], sig: signal.Signals) -> None:
     """Signal a rank's process group, unless its PID now belongs to another process."""
     pid, pid_start = proc
@@ -593,6 +620,7 @@ def run(
     exit_codes: dict[int, int] = {}
     interrupted = None
     results: dict[int, Any] = {}
+    forwarding = _forward_user_signals(watchdog)
     try:
         with _env.patched(_exports(plan), only_missing=False):
             results = _launch(job, entrypoint, args, messenger)
@@ -608,6 +636,8 @@ def run(
         _raise_rendezvous_error(job, exc)
         raise
     finally:
+        for signum, previous in forwarding.items():
+            signal.signal(signum, previous)
         watchdog.stop()
         watchdog.scan()
         watchdog.sweep()
@@ -615,6 +645,18 @@ def run(
         job.release()
         if console is not None:
             console.close()
+    if interrupted is None and watchdog.forwarded and exit_codes:
+        interrupted = watchdog.forwarded  # the ranks ended by the signal passed on to them
+    report = _final_report(job, watchdog, exit_codes, interrupted)
+    records.release_left(job.events)  # the rooms of ranks that never finished (killed)
+    return report, results, folder
+
+
+def _final_report(
+    job: Run, watchdog: _Watchdog, exit_codes: dict[int, int], interrupted: str | None
+) -> Report:
+    """How the latest start ended: its culprit, or its hang; earlier starts; stragglers."""
+    plan = job.plan
     report = analyse(
         job.current, job.events, exit_codes, watchdog.seen, plan, interrupted, watchdog.progress()
     )
@@ -626,8 +668,27 @@ def run(
         report.stragglers = watchdog.stragglers(final=True)
     if report.failed:
         check_logs(report)  # a full disk or an I/O error, named as the cause
-    records.release_left(job.events)  # the rooms of ranks that never finished (killed)
-    return report, results, folder
+    return report
+
+
+#: Signals the launcher passes on to every rank: a scheduler's warning before preemption
+#: (SLURM's ``--signal=USR1@90`` reaches the launcher under ``srun unidist launch``).
+FORWARDED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _forward_user_signals(watchdog: _Watchdog) -> dict[int, Any]:
+    """While the job runs, SIGUSR1 and SIGUSR2 to the launcher go on to every rank's process
+    group (their default action would end the launcher and, with it, every rank): a
+    ``unidist.ResumableState`` in the ranks saves and stops on them. A handler the program
+    already set (``unidist.spawn`` in a script of the user's) is left alone. Returns the
+    handlers to put back."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous: dict[int, Any] = {}
+    for signum in FORWARDED:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, watchdog.forward)
+    return previous
 
 
 def _relay_for(plan: LaunchPlan) -> relay.Relay | None:

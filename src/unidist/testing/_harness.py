@@ -38,7 +38,7 @@ from typing import Any
 from unidist import _env
 from unidist._progress import record, sampler
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
-from unidist.launch._rank import default_start_method, die_with_parent
+from unidist.launch._rank import STACK_SIGNAL, default_start_method, die_with_parent
 
 __all__ = [
     "DistributedTestError",
@@ -424,7 +424,7 @@ def _dump_stacks(
             with contextlib.suppress(ProcessLookupError):
                 if _frozen(process.pid):
                     os.kill(process.pid, signal.SIGCONT)  # so that it can dump its stack
-                os.kill(process.pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
+                os.kill(process.pid, STACK_SIGNAL)  # faulthandler writes every thread's stack
     time.sleep(0.5)
 
 
@@ -559,7 +559,7 @@ def _worker(job: _Job) -> None:
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     faulthandler.enable(file=err)
-    faulthandler.register(signal.SIGUSR1, file=err, all_threads=True)
+    faulthandler.register(STACK_SIGNAL, file=err, all_threads=True)
     _env.replace_all(job.env)
     progress = _env.progress_file()
     if progress:
