@@ -498,3 +498,36 @@ def test_sigusr1_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -
     step = json.loads((tmp_path / "latest.json").read_text())["step"]
     assert f"saved step {step} " in failed.value.failures[0]
     assert "got SIGUSR1" in failed.value.failures[0]
+
+
+# -- async saves --------------------------------------------------------------------------------
+
+
+def test_async_saves_resume_bit_for_bit(tmp_path: Path) -> None:
+    reference = _parts(str(tmp_path / "ref"))
+    _train(reference, 2)
+    first = _parts(str(tmp_path / "run"), save_every=5, async_save=True)
+    rows = _committed(_train(first, 2, stop_after=18), 15)
+    first["state"].close()  # the last async save is written and counts
+    second = _parts(str(tmp_path / "run"), save_every=5, async_save=True)
+    assert second["state"].restore()
+    assert second["state"].resumed_from == 15
+    rows += _train(second, 2)
+    _each_once(rows, 2)
+    assert _weights(second["model"]) == _weights(reference["model"])
+
+
+def _async_on_two(folder: str, steps: int) -> list[float]:
+    parts = _parts(folder, world=2, save_every=3, async_save=True)
+    _train(parts, 2, stop_after=steps)
+    parts["state"].close()
+    return _weights(parts["model"])
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_save_in_the_background_and_one_resumes(tmp_path: Path) -> None:
+    weights = run_distributed(_async_on_two, str(tmp_path), 9, timeout=120)
+    assert weights[0] == weights[1]
+    resumed = _resume_on_one(str(tmp_path))
+    assert resumed["at"] == (0, 9)
+    assert resumed["loaded"] == weights[0]

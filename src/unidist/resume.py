@@ -46,9 +46,10 @@ from unidist._resume import folder as files
 from unidist._resume import records
 from unidist._resume.handle import Dir
 from unidist._resume.lock import RunLock
+from unidist._resume.staged import Staged
 from unidist._resume.stopping import StopSignals, StopVote, default_stop_signals
 from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
-from unidist._sampling.passes import check_int
+from unidist._sampling.passes import check_flag, check_int
 from unidist.collectives import all_reduce
 from unidist.errors import CheckpointError, ConfigurationError, DistributedTimeoutError
 from unidist.sync import barrier
@@ -86,6 +87,10 @@ class ResumableState:
             Kubernetes, ``scancel``), and SIGUSR1 (SLURM's ``--signal=USR1@SECONDS``, sent
             before a job's time runs out) when no handler of the script's has it. ``()``
             leaves signals alone.
+        async_save: the saves :meth:`step` makes return once the state is copied to host
+            memory; torch's ``async_save`` writes it on a thread while training goes on, and
+            rank 0 makes it count once every rank has written. :meth:`save` still returns once
+            the checkpoint counts.
         grace: seconds the platform gives between its stop signal and SIGKILL (SLURM's
             ``@SECONDS``, Kubernetes' ``terminationGracePeriodSeconds``, torch's agent: 30).
             When a stop comes and a save (timed on the saves so far) would not end in time on
@@ -111,6 +116,7 @@ class ResumableState:
         stop_timeout: float | timedelta = 60.0,
         grace: float | timedelta | None = None,
         timeout: float | timedelta = 300.0,
+        async_save: bool = False,
     ) -> None:
         if not isinstance(job, str) or not job.strip():
             raise ConfigurationError(
@@ -146,6 +152,9 @@ class ResumableState:
         self.stop_timeout = _env.timeout_seconds(stop_timeout, "stop_timeout")
         self.grace = None if grace is None else _env.timeout_seconds(grace, "grace")
         self._save_seconds = 0.0  # the longest save of this run so far
+        self.async_save = check_flag(async_save, "async_save")
+        self._staged: Staged | None = None  # this rank's async save in flight
+        self._save_group: Any = None  # the gloo group of torch's async saves' collectives
         self.timeout = _env.timeout_seconds(timeout)
         self.epoch = 0
         self.extra: dict[str, Any] = {}
@@ -222,9 +231,32 @@ class ResumableState:
             self._shut()
             raise
         self._vote.start()
+        self._start_save_group()
         self._stops.install()
         self._restored = found >= 0
         return self._restored
+
+    def _start_save_group(self) -> None:
+        """A gloo group for torch's async saves alone (collective: every rank calls it)."""
+        if not self.async_save or self._save_group is not None or ranks.get_world_size() < 2:
+            return
+        import torch.distributed as dist
+
+        from unidist.errors import translate_errors
+
+        if dist.is_available() and dist.is_initialized():
+            with translate_errors("creating the gloo group of ResumableState's async saves"):
+                self._save_group = dist.new_group(
+                    backend="gloo", timeout=timedelta(seconds=self.timeout)
+                )
+
+    def _finish_staged(self) -> None:
+        """Wait for this rank's async save in flight (and time it for the grace)."""
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            staged.wait()
+            if staged.seconds is not None:
+                self._save_seconds = max(self._save_seconds, staged.seconds)
 
     def _open(self) -> None:
         """Open (or create) the folder through its checked handle; rank 0 takes the lock."""
@@ -238,6 +270,7 @@ class ResumableState:
     def _shut(self) -> None:
         """Let go of the lock and the folder's handle (reopened by the next use)."""
         try:
+            self._finish_staged()
             self._commit.join()
         finally:
             lock, self._lock = self._lock, None
@@ -472,7 +505,8 @@ class ResumableState:
             fits = bool(every)
         if fits:
             self._checkpoint(wait=False)
-        self._commit.join()  # the checkpoint counts before this rank leaves
+        self._finish_staged()  # this rank's files are written ...
+        self._commit.join()  # ... and the checkpoint counts, before this rank leaves
         return fits
 
     # -- save ----------------------------------------------------------------------------------
@@ -504,6 +538,7 @@ class ResumableState:
             self._save(where)
             self._save_seconds = max(self._save_seconds, time.monotonic() - started)
             if wait:
+                self._finish_staged()
                 self._commit.wait_counted()
         finally:
             if closed:
@@ -525,7 +560,9 @@ class ResumableState:
             "stateful": sorted(self.stateful),
         }
         _check_json(progress)
-        self._commit.join()  # the last save counts before this one begins
+        self._finish_staged()  # the last save is written ...
+        self._commit.join()  # ... and counts, before this one begins
+        started = time.monotonic()
         # Every rank makes or opens the step's folder: no stale one can be there (restore()
         # removed those newer than the checkpoint in force), and a save of this step that
         # failed in this run left files of the same names, which this one overwrites.
@@ -538,7 +575,16 @@ class ResumableState:
                 state["rng"] = {f"r{rank}": _rng_tensors()}  # each rank's own, in torch's files
                 try:
                     with _quiet_checkpoint(world):
-                        dcp.save(state, checkpoint_id=folder.torch_path)
+                        if self.async_save:
+                            handle = Dir(os.dup(folder.fd), folder.path)  # open until written
+                            future = dcp.async_save(
+                                state,
+                                checkpoint_id=handle.torch_path,
+                                process_group=self._save_group,
+                            )
+                            self._staged = Staged(future, handle, started)
+                        else:
+                            dcp.save(state, checkpoint_id=folder.torch_path)
                 except CheckpointException as exc:  # a BaseException: user code would miss it
                     raise CheckpointError(
                         f"saving {where} failed on rank(s) {sorted(exc.failures)}: {exc}. The "
@@ -550,7 +596,7 @@ class ResumableState:
             if rank == 0:  # the rest is rank 0's, on a thread: see files.Commit
                 latest = {"job": self.job, "step": self._steps, "folder": where.name}
                 own = Dir(os.dup(folder.fd), folder.path)
-                self._commit.start(self._root, own, progress, latest, self.keep)
+                self._commit.start(self._root, own, progress, latest, self.keep, self._staged)
         self._in_force = self._steps
         log.info("saved %s", where)
 

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from unidist._resume import records
 from unidist._resume.handle import Dir
+from unidist._resume.staged import Staged
 from unidist.errors import CheckpointError
 
 log = logging.getLogger("unidist.resume")
@@ -150,8 +151,10 @@ class Commit:
         progress: dict[str, Any],
         latest: dict[str, Any],
         keep: int,
+        after: Staged | None = None,
     ) -> None:
-        """Commit the checkpoint in ``folder`` (a handle the commit owns and closes)."""
+        """Commit the checkpoint in ``folder`` (a handle the commit owns and closes), once
+        ``after`` (a save of torch's in flight) has written it."""
         self.join()
         info = os.fstat(root.fd)
         self._key = (info.st_dev, info.st_ino)
@@ -159,15 +162,23 @@ class Commit:
         self._counted.clear()
         self._thread = threading.Thread(
             target=self._run,
-            args=(root, folder, progress, latest, keep),
+            args=(root, folder, progress, latest, keep, after),
             name="unidist-resume-commit",
         )
         self._thread.start()
 
     def _run(
-        self, root: Dir, folder: Dir, progress: dict[str, Any], latest: dict[str, Any], keep: int
+        self,
+        root: Dir,
+        folder: Dir,
+        progress: dict[str, Any],
+        latest: dict[str, Any],
+        keep: int,
+        after: Staged | None,
     ) -> None:
         try:
+            if after is not None:
+                after.wait()  # every rank's files are written when rank 0's future is done
             with folder:
                 folder.seal()
                 write_record(folder, PROGRESS, progress, sync_folder=False)
