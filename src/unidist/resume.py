@@ -43,11 +43,13 @@ import torch
 from unidist import _env, ranks
 from unidist._progress import sampler as progress
 from unidist._resume import folder as files
-from unidist._resume import records
+from unidist._resume import records, store
 from unidist._resume.handle import Dir
 from unidist._resume.lock import RunLock
+from unidist._resume.remote import Url, is_url, redact, secrets_of
 from unidist._resume.staged import Staged
 from unidist._resume.stopping import StopSignals, StopVote, default_stop_signals
+from unidist._resume.store import Folder
 from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
 from unidist._sampling.passes import check_flag, check_int
 from unidist.collectives import all_reduce
@@ -65,7 +67,10 @@ class ResumableState:
     Args:
         folder: the checkpoint folder, shared by every node (as torch's distributed checkpoint
             needs). Created private (0700) if missing; one that another user owns or can
-            write to is refused, because torch's checkpoint metadata is a pickle.
+            write to is refused, because torch's checkpoint metadata is a pickle. Or an object
+            store's URL (``s3://bucket/run``, ``gs://...``; any fsspec protocol, with its
+            driver installed: ``pip install 'pytorch-unidist[s3]'``), the endpoint and
+            credentials taken from the usual variables (``AWS_ENDPOINT_URL``, ...).
         job: the name of this training run. A folder holding another job's checkpoints is an
             error, not something to resume from (Composer's autoresume asks for ``run_name``
             for the same reason).
@@ -99,6 +104,8 @@ class ResumableState:
         stop_timeout: seconds a rank that agreed to stop (another rank got the signal) waits
             for its own launcher's signal before it raises instead.
         timeout: seconds each rank waits for the others while saving.
+        storage_options: options for fsspec's driver of an object store's URL (as
+            ``fsspec.open(url, **storage_options)`` takes them).
     """
 
     def __init__(
@@ -117,6 +124,7 @@ class ResumableState:
         grace: float | timedelta | None = None,
         timeout: float | timedelta = 300.0,
         async_save: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(job, str) or not job.strip():
             raise ConfigurationError(
@@ -139,7 +147,10 @@ class ResumableState:
                 "its position in the epoch cannot be saved. HINT: use unidist.auto_dataloader "
                 "or unidist.StatefulDataLoader, or pass the unidist sampler itself."
             )
-        self.root = Path(folder)
+        self._location = folder  # as given: a URL may hold credentials, never shown
+        self.storage_options = dict(storage_options or {})
+        #: The checkpoint folder: a Path, or an object store's URL without its credentials.
+        self.root: Path | Url = Url(redact(str(folder))) if is_url(folder) else Path(folder)
         self.job = job
         self.model = model
         self.optimizer = optimizer
@@ -164,7 +175,7 @@ class ResumableState:
         self._in_force: int | None = None  # the step of the checkpoint latest.json names
         self._stops = StopSignals(default_stop_signals() if stop_signals is None else stop_signals)
         self._vote = StopVote()
-        self._root: Dir | None = None
+        self._root: Folder | None = None
         self._lock: RunLock | None = None
         self._commit = files.Commit()
 
@@ -197,8 +208,8 @@ class ResumableState:
             assert self._root is not None
             files.Commit.wait_for(self._root)  # another state of this process saving here
             found = files.latest(self._root, self.job)
-            if self._lock is not None:  # rank 0, alone in the folder: saves that never counted
-                files.drop_newer(self._root, found)
+            if ranks.get_rank() == 0:  # alone in the folder (locked, if it is local):
+                files.drop_newer(self._root, found)  # saves that never counted
         except CheckpointError as exc:
             problem = exc
         world = ranks.get_world_size()
@@ -261,8 +272,8 @@ class ResumableState:
     def _open(self) -> None:
         """Open (or create) the folder through its checked handle; rank 0 takes the lock."""
         if self._root is None:
-            self._root = Dir.open_root(self.root, create=True)
-        if self._lock is None and ranks.get_rank() == 0:
+            self._root = store.open_root(self._location, self.storage_options, create=True)
+        if self._lock is None and ranks.get_rank() == 0 and isinstance(self._root, Dir):
             self._lock = RunLock.acquire(
                 self._root, job=self.job, run_id=_env.run_id(), timeout=self.timeout
             )
@@ -284,7 +295,7 @@ class ResumableState:
         assert self._root is not None
         where = self._root.path / files.step_name(step)
         problem: CheckpointError | None = None
-        folder: Dir | None = None
+        folder: Folder | None = None
         try:
             folder = self._root.open_dir(files.step_name(step))
             if ranks.get_rank() == 0:  # one rank, not W ranks, lists the W files
@@ -301,7 +312,7 @@ class ResumableState:
         with folder:
             self._load_from(folder, step)
 
-    def _load_from(self, folder: Dir, step: int) -> None:
+    def _load_from(self, folder: Folder, step: int) -> None:
         where = folder.path
         progress = files.read_record(folder, files.PROGRESS, "progress record")
         path = where / files.PROGRESS
@@ -353,12 +364,16 @@ class ResumableState:
         self.resumed_from = self._in_force = self._steps
         log.info("resumed from %s (epoch %s, step %s)", where, self.epoch, self._steps)
 
+    def _shown(self, exc: BaseException) -> str:
+        """An error's text as a message may show it: no credentials of the storage's."""
+        return redact(str(exc), secrets_of(self.storage_options))[:2000]
+
     @property
     def _in_torch(self) -> bool:
         """Whether this state saves through torch.distributed.checkpoint (a model or stateful)."""
         return self.model is not None or bool(self.stateful)
 
-    def _load_model(self, folder: Dir, rng_rank: int | None) -> dict[str, Any] | None:
+    def _load_model(self, folder: Folder, rng_rank: int | None) -> dict[str, Any] | None:
         """Load the model, optimizer and stateful objects (and rank ``rng_rank``'s random
         state: returned)."""
         import torch.distributed.checkpoint as dcp
@@ -372,14 +387,14 @@ class ResumableState:
         try:
             with _quiet_checkpoint(ranks.get_world_size()):
                 # Through the checked handle: torch reopens nothing by the folder's path.
-                dcp.load(state, checkpoint_id=folder.torch_path)
+                dcp.load(state, storage_reader=folder.reader())
         except (Exception, CheckpointException) as exc:  # torch's is a BaseException
             names = ", ".join(["model", *(["optimizer"] if self.optimizer else [])])
             names += "".join(f", {name!r}" for name in self.stateful)
             raise CheckpointError(
                 f"the checkpoint {where} does not fit this model and optimizer ({names}): "
-                f"{exc}. HINT: build the same model, optimizer and stateful objects as the run "
-                "that saved it."
+                f"{self._shown(exc)}. HINT: build the same model, optimizer and stateful objects "
+                "as the run that saved it."
             ) from exc
         if self.model is not None:
             set_state_dict(
@@ -511,7 +526,7 @@ class ResumableState:
 
     # -- save ----------------------------------------------------------------------------------
 
-    def save(self) -> Path:
+    def save(self) -> Path | Url:
         """Save now, on every rank (a collective); returns the checkpoint's folder.
 
         The checkpoint counts once rank 0 has replaced ``latest.json``, after every rank wrote
@@ -526,7 +541,7 @@ class ResumableState:
         """
         return self._checkpoint(wait=True)
 
-    def _checkpoint(self, *, wait: bool) -> Path:
+    def _checkpoint(self, *, wait: bool) -> Path | Url:
         if self._restored is None:
             self.restore()
         where = self.root / files.step_name(self._steps)
@@ -545,7 +560,7 @@ class ResumableState:
                 self._shut()
         return where
 
-    def _save(self, where: Path) -> None:
+    def _save(self, where: Path | Url) -> None:
         self._open()
         assert self._root is not None
         rank, world = ranks.get_rank(), ranks.get_world_size()
@@ -576,18 +591,19 @@ class ResumableState:
                 try:
                     with _quiet_checkpoint(world):
                         if self.async_save:
-                            handle = Dir(os.dup(folder.fd), folder.path)  # open until written
+                            handle = folder.dup()  # open until written
                             future = dcp.async_save(
                                 state,
-                                checkpoint_id=handle.torch_path,
+                                storage_writer=handle.writer(),
                                 process_group=self._save_group,
                             )
                             self._staged = Staged(future, handle, started)
                         else:
-                            dcp.save(state, checkpoint_id=folder.torch_path)
+                            dcp.save(state, storage_writer=folder.writer())
                 except CheckpointException as exc:  # a BaseException: user code would miss it
                     raise CheckpointError(
-                        f"saving {where} failed on rank(s) {sorted(exc.failures)}: {exc}. The "
+                        f"saving {where} failed on rank(s) {sorted(exc.failures)}: "
+                        f"{self._shown(exc)}. The "
                         "checkpoint in force is still the one latest.json names."
                     ) from exc
             else:
@@ -595,7 +611,7 @@ class ResumableState:
                 barrier(self.timeout)  # every rank's part is on disk
             if rank == 0:  # the rest is rank 0's, on a thread: see files.Commit
                 latest = {"job": self.job, "step": self._steps, "folder": where.name}
-                own = Dir(os.dup(folder.fd), folder.path)
+                own = folder.dup()
                 self._commit.start(self._root, own, progress, latest, self.keep, self._staged)
         self._in_force = self._steps
         log.info("saved %s", where)
@@ -753,16 +769,15 @@ def _rng_tensors() -> dict[str, torch.Tensor]:
     return state
 
 
-def _rng_slots(folder: Dir, rank: int) -> dict[str, torch.Tensor]:
+def _rng_slots(folder: Folder, rank: int) -> dict[str, torch.Tensor]:
     """Empty tensors of the shapes rank ``rank``'s random states were saved with."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     where = folder.path / ".metadata"
     try:
-        found = FileSystemReader(folder.torch_path).read_metadata().state_dict_metadata
+        found = folder.reader().read_metadata().state_dict_metadata
     except Exception as exc:
-        raise CheckpointError(f"{where} cannot be read: {exc!r:.300}") from exc
+        raise CheckpointError(f"{where} cannot be read: {redact(repr(exc))[:300]}") from exc
     prefix = f"rng.r{rank}."
     slots: dict[str, torch.Tensor] = {}
     for key, meta in found.items():

@@ -85,9 +85,11 @@ def test_torchs_own_loader_loses_its_worker_to_the_same_signal() -> None:
     rank = _start("torch", "fresh")
     _until_workers(rank)
     os.killpg(rank.pid, signal.SIGTERM)
-    _, err = rank.communicate("\n", timeout=60)
-    assert rank.returncode != 0
-    assert "is killed by signal: Terminated" in err
+    out, err = rank.communicate("\n", timeout=60)
+    # It fails, however the worker's death reaches it first (torch's SIGCHLD handler raises
+    # "DataLoader worker (pid N) is killed by signal: Terminated", or the next batch does).
+    assert rank.returncode != 0, out
+    assert "done" not in out
 
 
 def test_the_worker_dies_with_its_rank() -> None:

@@ -36,6 +36,7 @@ from unidist._env.reading import (
     read,
     read_settings,
     run_id,
+    storage_secrets,
     timeout_seconds,
 )
 from unidist._env.schedulers import expand_hostlist
@@ -60,5 +61,6 @@ __all__ = [
     "run_id",
     "set_variables",
     "snapshot",
+    "storage_secrets",
     "timeout_seconds",
 ]

@@ -25,6 +25,7 @@ __all__ = [
     "read",
     "read_settings",
     "run_id",
+    "storage_secrets",
     "timeout_seconds",
 ]
 
@@ -118,6 +119,23 @@ def progress_file(environ: Mapping[str, str] | None = None) -> str | None:
     """Where this rank keeps its progress record (``UNIDIST_PROGRESS``), if its launcher asked."""
     env = os.environ if environ is None else environ
     return env.get(PROGRESS) or None
+
+
+#: Variables whose values are credentials for object stores: never shown in a message.
+_SECRETS = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_OAUTH_ACCESS_TOKEN",
+)
+
+
+def storage_secrets(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The object-store credentials set in the environment (to keep out of every message)."""
+    env = os.environ if environ is None else environ
+    return [env[name] for name in _SECRETS if env.get(name)]
 
 
 def run_id(environ: Mapping[str, str] | None = None) -> str | None:

@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import threading
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from unidist._resume import records
-from unidist._resume.handle import Dir
 from unidist._resume.staged import Staged
+from unidist._resume.store import Folder
 from unidist.errors import CheckpointError
 
 log = logging.getLogger("unidist.resume")
@@ -47,14 +47,14 @@ def rng_name(rank: int) -> str:
     return f"rng-r{rank}.json"
 
 
-def read_record(folder: Dir, name: str, what: str) -> dict[str, Any]:
+def read_record(folder: Folder, name: str, what: str) -> dict[str, Any]:
     """A record of ``folder``, checked (owner, mode, links, size) and parsed."""
     data = folder.read(name, limit=records.MAX_BYTES, what=what)
     return records.decode(data, folder.path / name, what)
 
 
 def write_record(
-    folder: Dir,
+    folder: Folder,
     name: str,
     value: dict[str, Any],
     *,
@@ -65,7 +65,7 @@ def write_record(
     folder.write(name, records.encode(value, compact=compact), sync_folder=sync_folder)
 
 
-def latest(root: Dir, job: str) -> int:
+def latest(root: Folder, job: str) -> int:
     """The step that ``latest.json`` names, -1 when there is none; checked against ``job``."""
     if not root.exists(LATEST):
         return -1
@@ -93,7 +93,7 @@ def check_job(record: dict[str, Any], where: Path, job: str) -> None:
         )
 
 
-def drop_newer(root: Dir, step: int) -> None:
+def drop_newer(root: Folder, step: int) -> None:
     """Remove the step folders newer than ``step`` (the one in force): saves that never
     counted, which a new save of the same step must not find half written."""
     for name in root.entries():
@@ -103,7 +103,7 @@ def drop_newer(root: Dir, step: int) -> None:
                 root.remove(name)
 
 
-def prune(root: Dir, keep: int, newest: str) -> None:
+def prune(root: Folder, keep: int, newest: str) -> None:
     """Remove all but the newest ``keep`` complete checkpoints (never ``newest``), and every
     partial one older than ``newest`` (a save that crashed)."""
     steps = sorted(name for name in root.entries() if _STEP.match(name))
@@ -118,7 +118,7 @@ def prune(root: Dir, keep: int, newest: str) -> None:
         with contextlib.suppress(OSError):
             with root.open_dir(name) as folder:  # no longer complete from its first removal
                 if folder.exists(PROGRESS):
-                    os.unlink(PROGRESS, dir_fd=folder.fd)
+                    folder.unlink(PROGRESS)
             root.remove(name)
 
 
@@ -136,18 +136,18 @@ class Commit:
     makes it count.
     """
 
-    _pending: ClassVar[dict[tuple[int, int], Commit]] = {}
+    _pending: ClassVar[dict[Hashable, Commit]] = {}
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self._key: tuple[int, int] | None = None
+        self._key: Hashable | None = None
         self._counted = threading.Event()
 
     def start(
         self,
-        root: Dir,
-        folder: Dir,
+        root: Folder,
+        folder: Folder,
         progress: dict[str, Any],
         latest: dict[str, Any],
         keep: int,
@@ -156,8 +156,7 @@ class Commit:
         """Commit the checkpoint in ``folder`` (a handle the commit owns and closes), once
         ``after`` (a save of torch's in flight) has written it."""
         self.join()
-        info = os.fstat(root.fd)
-        self._key = (info.st_dev, info.st_ino)
+        self._key = root.key
         Commit._pending[self._key] = self
         self._counted.clear()
         self._thread = threading.Thread(
@@ -169,8 +168,8 @@ class Commit:
 
     def _run(
         self,
-        root: Dir,
-        folder: Dir,
+        root: Folder,
+        folder: Folder,
         progress: dict[str, Any],
         latest: dict[str, Any],
         keep: int,
@@ -217,9 +216,8 @@ class Commit:
             ) from error
 
     @classmethod
-    def wait_for(cls, root: Dir) -> None:
+    def wait_for(cls, root: Folder) -> None:
         """Wait for a commit to ``root`` that another state of this process has in flight."""
-        info = os.fstat(root.fd)
-        pending = cls._pending.get((info.st_dev, info.st_ino))
+        pending = cls._pending.get(root.key)
         if pending is not None:
             pending.join()

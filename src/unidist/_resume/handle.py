@@ -27,6 +27,7 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 from unidist.errors import CheckpointError
 
@@ -166,6 +167,32 @@ class Dir:
             return str(_PROC_FD / str(self.fd))
         return str(self.path)  # pragma: no cover - unidist's launcher and tests run on Linux
 
+    def writer(self) -> Any:
+        """torch's checkpoint writer for this folder, through the handle."""
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(self.torch_path)
+
+    def reader(self) -> Any:
+        """torch's checkpoint reader for this folder, through the handle."""
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(self.torch_path)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Which folder this is (device, inode): the same for every handle of it."""
+        info = os.fstat(self.fd)
+        return (info.st_dev, info.st_ino)
+
+    def dup(self) -> Dir:
+        """A second handle of this folder, for a thread that outlives this one's ``with``."""
+        return Dir(os.dup(self.fd), self.path)
+
+    @property
+    def local(self) -> bool:
+        return True
+
     # -- files ---------------------------------------------------------------------------------
 
     def exists(self, name: str) -> bool:
@@ -259,6 +286,9 @@ class Dir:
                     os.fchmod(fd, 0o600)
                 finally:
                     os.close(fd)
+
+    def unlink(self, name: str) -> None:
+        os.unlink(name, dir_fd=self.fd)
 
     def remove(self, name: str) -> None:
         """Remove ``name`` (a folder with everything in it, or a file), never following links."""

@@ -14,14 +14,14 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from unidist._resume.handle import Dir
+from unidist._resume.store import Folder
 from unidist.errors import CheckpointError
 
 
 class Staged:
     """One rank's save in flight: wait for it once from any thread (:meth:`wait`)."""
 
-    def __init__(self, future: Future[Any], folder: Dir, started: float) -> None:
+    def __init__(self, future: Future[Any], folder: Folder, started: float) -> None:
         self.future = future
         self.folder = folder
         self.started = started
