@@ -439,12 +439,24 @@ class ResumableState:
         self.restore()
         try:
             while self.epoch < count:
-                _set_epoch(self.loader, self.epoch)
+                self.begin_epoch()
                 yield self.epoch
-                self.epoch += 1
-                self._settle()
+                self.end_epoch()
         finally:
             self.close()
+
+    def begin_epoch(self) -> None:
+        """An epoch (:attr:`epoch`) begins: the loader's ``set_epoch`` (it keeps a restored
+        position). :meth:`epochs` calls it; a framework's loop (an Ignite ``Engine``) too."""
+        if self._restored is None:
+            self.restore()
+        _set_epoch(self.loader, self.epoch)
+
+    def end_epoch(self) -> None:
+        """The epoch is done, on every rank (a collective): count it, and stop now if any rank
+        was told to since the last vote. :meth:`epochs` calls it; a framework's loop too."""
+        self.epoch += 1
+        self._settle()
 
     def step(self) -> None:
         """One step is done: count it, save when due, and stop if any rank was told to.

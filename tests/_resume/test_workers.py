@@ -85,7 +85,7 @@ def test_torchs_own_loader_loses_its_worker_to_the_same_signal() -> None:
     rank = _start("torch", "fresh")
     _until_workers(rank)
     os.killpg(rank.pid, signal.SIGTERM)
-    out, err = rank.communicate("\n", timeout=60)
+    out, _ = rank.communicate("\n", timeout=60)
     # It fails, however the worker's death reaches it first (torch's SIGCHLD handler raises
     # "DataLoader worker (pid N) is killed by signal: Terminated", or the next batch does).
     assert rank.returncode != 0, out

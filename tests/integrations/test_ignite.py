@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +20,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 import unidist
+from tests._waiting import wait_for
 from unidist.errors import ConfigurationError
 from unidist.testing import OOMBudget, run_distributed
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.ignite
 
@@ -140,3 +151,62 @@ def test_bad_arguments() -> None:
         microbatch_training_step(
             model, opt, F.mse_loss, scaler=object(), microbatcher=unidist.MicroBatcher(model)
         )
+
+
+# -- resuming an Engine exactly once -----------------------------------------------------------
+
+
+def _reads(record: Path) -> list[dict[str, Any]]:
+    lines = []
+    for path in record.glob("reads-*.jsonl"):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+    return lines
+
+
+@pytest.mark.multiprocess
+def test_an_engine_stopped_on_two_ranks_resumes_on_one_and_trains_each_sample_once(
+    tmp_path: Path,
+) -> None:
+    # A rank leaves: the two-rank job is stopped mid-epoch (SIGTERM to its launcher: every rank
+    # saves the same iteration), and the job restarts on one rank. Ignite's engine resumes at
+    # the saved iteration and epoch; the loader yields exactly the rest of the epoch.
+    script = str(Path(__file__).parents[1] / "scripts" / "ignite_resume.py")
+    record, checkpoint = tmp_path / "record", tmp_path / "ckpt"
+    record.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    launch = [sys.executable, "-m", "unidist", "launch", "--log-dir", str(tmp_path / "logs")]
+    first = subprocess.Popen(
+        [*launch, "-n", "2", script, str(checkpoint), str(record), "0.05"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(_reads(record)) >= 2 * 20, 120, "20 iterations on two ranks")
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+    saved = json.loads((checkpoint / "latest.json").read_text())["step"]
+    assert saved >= 20, err[-3000:]
+    assert saved % 30, "stopped mid-epoch"  # 30 iterations per epoch
+    second = subprocess.run(
+        [*launch, "-n", "1", script, str(checkpoint), str(record)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "done at iteration 90" in second.stdout
+    lines = _reads(record)
+    kept = [x for x in lines if x["resumed_from"] == saved or x["step"] <= saved]
+    for epoch in range(3):
+        counts = Counter(i for x in kept if x["epoch"] == epoch for i in x["ids"])
+        assert sorted(counts) == list(range(240)), f"epoch {epoch} missed samples"
+        assert set(counts.values()) == {1}, f"epoch {epoch} read samples twice"
+    assert sorted({x["step"] for x in kept}) == list(range(1, 91))

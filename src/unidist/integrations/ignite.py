@@ -7,6 +7,8 @@
   microbatching, a drop-in for ``create_supervised_trainer`` (below).
 * :func:`native_sampler`: what Ignite's ``auto_dataloader`` injects, for
   ``unidist.get_sampler(native="ignite")``.
+* :func:`attach_resumable`: an ``Engine`` that resumes where it stopped, exactly once, on any
+  number of ranks, with :class:`unidist.ResumableState` (handlers: no change to the loop).
 
 The adapter (:mod:`unidist.adapters.ignite`) only runs collectives through ``idist``; everything
 here is built on unidist's neutral modules. Ignite is imported when these functions are called,
@@ -41,7 +43,10 @@ from unidist.ranks import get_world_size
 if TYPE_CHECKING:
     import torch
 
+    from unidist.resume import ResumableState
+
 __all__ = [
+    "attach_resumable",
     "auto_model",
     "auto_optim",
     "create_microbatch_trainer",
@@ -316,6 +321,68 @@ def _concat(parts: list[Any]) -> Any:
 
 
 # -- samplers ----------------------------------------------------------------------------------
+
+
+def attach_resumable(engine: Any, state: ResumableState) -> None:
+    """Make ``engine`` resume where it stopped, exactly once, with ``state``.
+
+    ``state`` saves the model, optimizer, stateful objects and the data position (its loader:
+    the one ``engine.run`` iterates, built with :func:`unidist.auto_dataloader`), and stops the
+    job when told to (SIGTERM, SIGUSR1), as in a plain loop. The handlers:
+
+    * ``STARTED``: restore the latest checkpoint and set the engine's ``epoch`` and
+      ``iteration`` from it, so Ignite runs the rest of the interrupted epoch (the loader yields
+      exactly the batches not yet trained, on however many ranks the restart has) and then the
+      epochs left of ``max_epochs``;
+    * ``EPOCH_STARTED``: the loader's ``set_epoch`` (Ignite never calls it);
+    * ``ITERATION_COMPLETED``: :meth:`~unidist.ResumableState.step` (saves when due; on a stop,
+      every rank saves that step and leaves by the signal);
+    * ``EPOCH_COMPLETED``: :meth:`~unidist.ResumableState.end_epoch`;
+    * ``COMPLETED`` and ``TERMINATE``: :meth:`~unidist.ResumableState.close` (no handler for
+      ``EXCEPTION_RAISED``: Ignite would swallow the exception).
+
+    ``engine.run(loader, max_epochs=N)`` is the same call on every start; ``epoch_length`` is
+    the loader's full epoch (``len(loader)`` before the restore, as Ignite reads it).
+
+    Raises:
+        ConfigurationError: ``state`` has no loader, or ``engine`` is not an Ignite ``Engine``.
+    """
+    _require_ignite()
+    from ignite.engine import Engine, Events
+
+    if not isinstance(engine, Engine):
+        raise ConfigurationError(
+            f"attach_resumable(engine={type(engine).__name__}): expected an Ignite Engine "
+            "(ignite.engine.Engine or a trainer made by create_supervised_trainer)."
+        )
+    if state.loader is None:
+        raise ConfigurationError(
+            "attach_resumable needs a ResumableState with loader=: the data position is what "
+            "lets the engine resume mid-epoch. HINT: ResumableState(..., loader=train_loader), "
+            "the loader engine.run iterates."
+        )
+
+    def started(engine: Any) -> None:
+        state.restore()
+        if state.steps:
+            # Ignite's epochs count from 1 and are incremented as each one begins; its
+            # iteration counts every batch trained, from which it finds where in the epoch it is.
+            engine.state.epoch = state.epoch
+            engine.state.iteration = state.steps
+
+    def epoch_started(engine: Any) -> None:
+        state.epoch = engine.state.epoch - 1
+        state.begin_epoch()
+
+    def closed(engine: Any, *args: Any) -> None:
+        state.close()
+
+    engine.add_event_handler(Events.STARTED, started)
+    engine.add_event_handler(Events.EPOCH_STARTED, epoch_started)
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda _: state.step())
+    engine.add_event_handler(Events.EPOCH_COMPLETED, lambda _: state.end_epoch())
+    engine.add_event_handler(Events.COMPLETED, closed)
+    engine.add_event_handler(Events.TERMINATE, closed)
 
 
 def native_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampler[Any]:
