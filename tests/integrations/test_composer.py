@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import unidist
+from tests._waiting import wait_for
 from unidist.errors import ConfigurationError
 from unidist.integrations.composer import COMPOSER_REFUSAL, composer_microbatch_size
 from unidist.testing import OOMBudget
@@ -90,3 +101,59 @@ def test_a_size_found_by_a_microbatcher_trains_in_composer() -> None:
     trainer.fit()  # type: ignore[attr-defined]
     assert trainer.state.device_train_microbatch_size == 4  # type: ignore[attr-defined]
     assert int(trainer.state.timestamp.batch) == 4  # type: ignore[attr-defined]
+
+
+# -- resuming a Trainer exactly once -----------------------------------------------------------
+
+
+def _reads(record: Path) -> list[dict[str, Any]]:
+    lines = []
+    for path in record.glob("reads-*.jsonl"):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(line))
+    return lines
+
+
+@pytest.mark.multiprocess
+def test_a_trainer_stopped_on_two_ranks_resumes_on_one_and_trains_each_sample_once(
+    tmp_path: Path,
+) -> None:
+    # Composer's autoresume would skip each rank's own batches of the epoch, which on another
+    # number of ranks are other samples. With ResumableCallback the data position is global.
+    script = str(Path(__file__).parents[1] / "scripts" / "composer_resume.py")
+    record, checkpoint = tmp_path / "record", tmp_path / "ckpt"
+    record.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    launch = [sys.executable, "-m", "unidist", "launch", "--log-dir", str(tmp_path / "logs")]
+    first = subprocess.Popen(
+        [*launch, "-n", "2", script, str(checkpoint), str(record), "0.1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: len(_reads(record)) >= 2 * 10, 180, "10 batches on two ranks")
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    finally:
+        first.kill()
+        first.communicate(timeout=30)
+    saved = json.loads((checkpoint / "latest.json").read_text())["step"]
+    assert saved >= 10, err[-3000:]
+    second = subprocess.run(
+        [*launch, "-n", "1", script, str(checkpoint), str(record)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "done at batch 90" in second.stdout + second.stderr
+    kept = [x for x in _reads(record) if x["resumed_from"] == saved or x["step"] <= saved]
+    for epoch in range(3):
+        counts = Counter(i for x in kept if x["epoch"] == epoch for i in x["ids"])
+        assert sorted(counts) == list(range(240)), f"epoch {epoch} missed samples"
+        assert set(counts.values()) == {1}, f"epoch {epoch} read samples twice"
+    assert sorted({x["step"] for x in kept}) == list(range(1, 91))

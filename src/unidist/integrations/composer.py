@@ -6,6 +6,8 @@
 * :func:`composer_microbatch_size`: unidist's microbatch setting as Composer's
   ``device_train_microbatch_size``.
 * :func:`native_sampler`: Composer's own sampler, for ``unidist.get_sampler(native="composer")``.
+* :class:`ResumableCallback`: a ``Trainer`` that resumes where it stopped, exactly once, on any
+  number of ranks, with :class:`unidist.ResumableState` (the agreed stop, the data position).
 
 The adapter (:mod:`unidist.adapters.composer`) only runs collectives through Composer; everything
 here is built on unidist's neutral modules. Composer is imported when these functions are called,
@@ -50,9 +52,11 @@ if TYPE_CHECKING:
     import torch
 
     from unidist.parallel.config import ParallelismConfig
+    from unidist.resume import ResumableState
 
 __all__ = [
     "COMPOSER_REFUSAL",
+    "ResumableCallback",
     "composer_microbatch_size",
     "native_sampler",
     "to_composer_device",
@@ -373,3 +377,120 @@ def native_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampl
         rank=request.rank,
         seed=request.seed,
     )
+
+
+# -- resuming a Trainer exactly once ------------------------------------------------------------
+
+
+class ResumableCallback:
+    """A Composer callback: the ``Trainer`` resumes where it stopped, exactly once.
+
+    Composer's own autoresume spins the train dataloader forward by the batches of the epoch
+    already trained, each rank its own batches: on another number of ranks those are other
+    samples. This callback saves with :class:`unidist.ResumableState` instead: the model, the
+    optimizer, the schedulers and Composer's ``Timestamp`` through torch's distributed
+    checkpoint, and the position of the train dataloader (built with
+    :func:`unidist.auto_dataloader`, whose position is global: any number of ranks continue it).
+    At ``FIT_START`` it restores the latest checkpoint and tells Composer the dataloader resumes
+    itself (``state.dataset_resumption["train"]``, what a stateful dataset sets), so Composer
+    trains exactly the batches left. It counts a step at every ``BATCH_END``, where the ranks
+    agree on a stop (SIGTERM; SIGUSR1 unless the script handles it): every rank saves the same
+    batch and leaves by the signal.
+
+        trainer = Trainer(model=model, train_dataloader=unidist.auto_dataloader(...),
+                          max_duration="3ep",
+                          callbacks=[ResumableCallback("/shared/ckpt", job="run-7",
+                                                       save_every=100)])
+
+    Args:
+        folder: the checkpoint folder (or object store URL), as :class:`unidist.ResumableState`.
+        job: the run's name.
+        **options: any other :class:`unidist.ResumableState` keyword (``save_every``, ``keep``,
+            ``grace``, ``async_save``, ``stateful`` for objects of your own, ...).
+    """
+
+    def __init__(self, folder: Any, *, job: str, **options: Any) -> None:
+        for taken in ("model", "optimizer", "loader"):
+            if taken in options:
+                raise ConfigurationError(
+                    f"ResumableCallback({taken}=...): the callback takes the {taken} from "
+                    "Composer's Trainer (its state). HINT: leave it out."
+                )
+        self.folder = folder
+        self.job = job
+        self.options = options
+        self.state: ResumableState | None = None
+
+    def run_event(self, event: Any, state: Any, logger: Any) -> None:
+        name = getattr(event, "value", event)
+        if name == "fit_start":
+            self._start(state)
+        elif self.state is None:
+            return
+        elif name == "epoch_start":
+            self.state.epoch = int(state.timestamp.epoch)
+            self.state.begin_epoch()
+        elif name == "batch_end":
+            self.state.step()
+        elif name == "epoch_end":
+            self.state.end_epoch()
+        elif name == "fit_end":
+            self.state.close()
+
+    def _start(self, state: Any) -> None:
+        from unidist.resume import ResumableState
+
+        optimizers = list(state.optimizers or [])
+        if len(optimizers) > 1:
+            raise ConfigurationError(
+                f"ResumableCallback: the Trainer has {len(optimizers)} optimizers; it saves one. "
+                "HINT: one optimizer, or ResumableState in a loop of your own."
+            )
+        stateful = dict(self.options.pop("stateful", None) or {})
+        stateful["composer_timestamp"] = _ComposerTime(state)
+        for i, scheduler in enumerate(state.schedulers or []):
+            stateful[f"composer_scheduler{i}"] = scheduler
+        self.state = ResumableState(
+            self.folder,
+            job=self.job,
+            model=state.model,
+            optimizer=optimizers[0] if optimizers else None,
+            stateful=stateful,
+            loader=state.dataloader,
+            **self.options,
+        )
+        if self.state.restore():
+            # The loader yields the rest of the epoch itself: Composer must not skip batches
+            # (nor spin it through the epochs before, which it does to seed samplers).
+            state.dataset_resumption["train"] = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing for Composer's own checkpoints: the state lives in the callback's folder."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Nothing: see :meth:`state_dict`."""
+
+    def close(self, state: Any, logger: Any) -> None:
+        if self.state is not None:
+            self.state.close()
+
+    def post_close(self) -> None:
+        """Nothing left to do after Composer closed its loggers."""
+
+
+class _ComposerTime:
+    """Composer's ``Timestamp`` as a stateful object (Composer replaces it at every batch)."""
+
+    def __init__(self, state: Any) -> None:
+        self._state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._state.timestamp.state_dict())
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        from composer.core import Timestamp
+
+        timestamp = Timestamp()
+        timestamp.load_state_dict(saved)
+        self._state.timestamp = timestamp
