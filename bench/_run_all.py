@@ -35,6 +35,7 @@ AGAINST = {
     "import_time": "import torch, Composer's dist and ignite.distributed",
     "launch": "torchrun, composer -n and Ignite's Parallel",
     "microbatch": "hand-written gradient accumulation with DDP no_sync",
+    "recovery": "torch's default keep-alive (torchrun's) beside unidist launch's --node-timeout",
     "resume": "the same training step without it, and torch.distributed.checkpoint.save alone",
     "samplers": "torch's DistributedSampler, Composer's get_sampler, Ignite's proxy sampler",
 }

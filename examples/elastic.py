@@ -142,7 +142,8 @@ def _reads_log(
     stream = path.open("a", buffering=1)
 
     def write(epoch: int, ids: list[int]) -> None:
-        stream.write(json.dumps({**start, "epoch": epoch, "step": state.steps + 1, "ids": ids}))
+        line = {**start, "epoch": epoch, "step": state.steps + 1, "ids": ids, "t": time.time()}
+        stream.write(json.dumps(line))
         stream.write("\n")
 
     return write

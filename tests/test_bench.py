@@ -29,6 +29,7 @@ BENCHMARKS = {
     "import_time": (PEERS, "import unidist"),
     "launch": (PEERS, "failure -> exit s"),
     "microbatch": ([], "Retries until the size settles"),
+    "recovery": ([], "from the kill to"),
     "resume": ([], "state.step() costs"),
     "samplers": (PEERS, "sampler (rank 0 of 8)"),
 }

@@ -345,7 +345,8 @@ def test_dry_run_of_a_c10d_job(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--node-rank 3 is ignored: the c10d rendezvous assigns node ranks" in out
     assert (
         "torchrun --nnodes 1:4 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "
-        f"node0:29400 --rdzv-id job7 --rdzv-conf last_call_timeout=5 {JOB}"
+        "node0:29400 --rdzv-id job7 --rdzv-conf "
+        f"last_call_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=3 {JOB}"
     ) in out
     assert "composer  (no equivalent" in out
 

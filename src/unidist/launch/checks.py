@@ -167,6 +167,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     check_seconds(args.grace, "--grace", example="3")
     check_seconds(args.shutdown_timeout, "--shutdown-timeout", example="3")
     check_seconds(args.exit_timeout, "--exit-timeout", zero_ok=True, example="600")
+    check_seconds(args.node_timeout, "--node-timeout", minimum=0.3, example="6")
     check_seconds(
         args.monitor_interval, "--monitor-interval", minimum=MIN_MONITOR_INTERVAL, example="0.1"
     )

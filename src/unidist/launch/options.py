@@ -296,6 +296,15 @@ def _agent(parser: argparse.ArgumentParser) -> None:
         "reported as hung and killed (default 600; 0 waits for ever)",
     )
     add(
+        "--node-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="unidist's: a node silent for SECONDS is taken for gone (the c10d and etcd "
+        "rendezvous drop it, the other launchers name it); default 6, torch's keep-alive is "
+        "15. --rdzv-conf keep_alive_interval/keep_alive_max_attempt take precedence",
+    )
+    add(
         "--hang-timeout",
         default=None,
         metavar="SECONDS",

@@ -15,6 +15,7 @@ The forms torchrun takes, with torchrun's meaning:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import errno
 import importlib.metadata
@@ -199,8 +200,37 @@ def resolve(args: argparse.Namespace, nproc: int, notes: list[str]) -> Rendezvou
             "--rdzv-endpoint HOST:PORT on every node (node ranks assigned by the rendezvous)."
         )
     if backend == "static":
-        return _static(args, nodes, node_rank, master_addr, master_port, notes)
-    return _dynamic(args, backend, nodes, node_rank, master_addr, master_port, notes)
+        found = _static(args, nodes, node_rank, master_addr, master_port, notes)
+    else:
+        found = _dynamic(args, backend, nodes, node_rank, master_addr, master_port, notes)
+    return _with_node_timeout(found, args.node_timeout, notes)
+
+
+#: unidist launch's default ``--node-timeout``: seconds a silent node is waited for.
+NODE_TIMEOUT = 6.0
+
+
+def _with_node_timeout(rdzv: Rendezvous, seconds: float | None, notes: list[str]) -> Rendezvous:
+    """The keep-alive of a dynamic rendezvous from ``--node-timeout``, unless ``--rdzv-conf``
+    sets it: a node silent that long is dropped from the round, which is what a restart after
+    a node's loss waits for (torch's own default: 5 s x 3)."""
+    if rdzv.backend not in ("c10d", "etcd", "etcd-v2", "static") or rdzv.max_nodes < 2:
+        return rdzv  # (static: torch has no keep-alive; the launchers' relay reads it)
+    if {"keep_alive_interval", "keep_alive_max_attempt"} & set(rdzv.configs):
+        return rdzv  # the user's own keep-alive, as torch reads it
+    seconds = NODE_TIMEOUT if seconds is None else seconds
+    interval = seconds / 3
+    configs = {
+        **rdzv.configs,
+        "keep_alive_interval": f"{interval:g}",
+        "keep_alive_max_attempt": "3",
+    }
+    notes.append(
+        f"--node-timeout {seconds:g}: a node silent for {seconds:g} s is dropped from the "
+        f"rendezvous (keep_alive_interval={interval:g}, keep_alive_max_attempt=3; torch's "
+        "default is 5 x 3)"
+    )
+    return dataclasses.replace(rdzv, configs=configs)
 
 
 def _composer_world_size(

@@ -45,6 +45,7 @@ from unidist.launch.hang import HANG_EXIT_CODE, HangReport, HangWatch, Straggler
 from unidist.launch.hang import write as write_report
 from unidist.launch.plan import LaunchPlan, probe_templates
 from unidist.launch.records import Slot, Start
+from unidist.launch.rendezvous import NODE_TIMEOUT
 from unidist.launch.report import (
     RankOutcome,
     Report,
@@ -709,7 +710,7 @@ def _keep_alive(configs: Mapping[str, str]) -> float:
     """Seconds after which torch's c10d rendezvous takes a silent node for dead (its
     ``keep_alive_interval`` x ``keep_alive_max_attempt``): the relay's measure of a lost node."""
     try:
-        seconds = float(configs.get("keep_alive_interval", 5))
+        seconds = float(configs.get("keep_alive_interval", NODE_TIMEOUT / 3))
         seconds *= int(configs.get("keep_alive_max_attempt", 3))
     except ValueError:
         return relay.LOST  # torch refuses the value itself, with its own message
