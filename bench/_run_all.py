@@ -27,6 +27,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 #: What each benchmark compares, for the report's index.
 AGAINST = {
+    "checkpoints": "torch.distributed.checkpoint save/async_save/load, Composer's checkpoints",
     "collectives": "raw torch.distributed calls (same processes, alternating blocks)",
     "control_scale": "the all-to-all control protocol it replaced, and bare store traffic",
     "gpu_microbatch": "hand-written gradient accumulation on a real GPU (needs CUDA)",

@@ -21,6 +21,7 @@ PEERS = [pytest.mark.composer, pytest.mark.ignite]  # benchmarks that measure th
 
 #: benchmark -> (marks, a line its table prints)
 BENCHMARKS = {
+    "checkpoints": (PEERS, "stall x dcp.save"),
     "collectives": ([], "unidist us"),
     "control_scale": ([], "new/old"),
     "gpu_microbatch": ([], "RESULT: PASS"),
