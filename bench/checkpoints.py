@@ -51,14 +51,15 @@ def _timed(call: Any) -> float:
     return time.perf_counter() - started
 
 
-def measure(megabytes: float, rounds: int, folder: Path) -> list[tuple[object, ...]]:
+def measure(megabytes: float, rounds: int, folder: Path) -> list[list[tuple[object, ...]]]:
+    """(the save table's rows, the restore table's rows); every variant once per round, in
+    turn, so that the disk's writeback of one falls on all alike."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     import unidist
 
     model, optimizer = _model(megabytes)
-    rows: list[tuple[object, ...]] = []
     n = 0
 
     def fresh() -> Path:
@@ -66,41 +67,32 @@ def measure(megabytes: float, rounds: int, folder: Path) -> list[tuple[object, .
         n += 1
         return folder / f"c{n}"
 
-    def state_dict() -> dict[str, Any]:
-        msd, osd = get_state_dict(model, optimizer)
+    def state_dict(of: Any = model, opt: Any = optimizer) -> dict[str, Any]:
+        msd, osd = get_state_dict(of, opt)
         return {"model": msd, "optim": osd}
 
-    # torch.distributed.checkpoint alone, then its async save
-    sync = [
-        _timed(lambda: dcp.save(state_dict(), checkpoint_id=str(fresh()))) for _ in range(rounds)
-    ]
-    stalls, dones = [], []
+    stalls: dict[str, list[float]] = {}
+    dones: dict[str, list[float]] = {}
+    restores: dict[str, list[float]] = {}
+
+    def note(name: str, stall: float, done: float) -> None:
+        stalls.setdefault(name, []).append(stall)
+        dones.setdefault(name, []).append(done)
+
+    composer = _Composer(model, optimizer) if importlib.util.find_spec("composer") else None
     for _ in range(rounds):
+        where = fresh()
+        took = _timed(lambda: dcp.save(state_dict(), checkpoint_id=str(where)))  # noqa: B023
+        note("dcp.save", took, took)
         started = time.perf_counter()
         future = dcp.async_save(state_dict(), checkpoint_id=str(fresh()))
-        stalls.append(time.perf_counter() - started)
+        stall = time.perf_counter() - started
         future.result()
-        dones.append(time.perf_counter() - started)
-    rows += [
-        ("dcp.save", median(sync), median(sync)),
-        ("dcp.async_save", median(stalls), median(dones)),
-    ]
-    last = folder / f"c{n}"
-    restore_dcp = []
-    for _ in range(rounds):
-        other, other_opt = _model(megabytes)
-        msd, osd = get_state_dict(other, other_opt)
-        started = time.perf_counter()
-        dcp.load({"model": msd, "optim": osd}, checkpoint_id=str(last))
-        restore_dcp.append(time.perf_counter() - started)
-
-    # unidist: a step that saves, synchronous and asynchronous
-    for kind in ("sync", "async"):
-        stalls, dones = [], []
-        for _ in range(rounds):
-            where = fresh()
+        note("dcp.async_save", stall, time.perf_counter() - started)
+        for kind in ("sync", "async"):
+            ours = fresh()
             state = unidist.ResumableState(
-                where,
+                ours,
                 job="bench",
                 model=model,
                 optimizer=optimizer,
@@ -111,91 +103,91 @@ def measure(megabytes: float, rounds: int, folder: Path) -> list[tuple[object, .
             state.restore()
             started = time.perf_counter()
             state.step()  # due: saves
-            stalls.append(time.perf_counter() - started)
+            stall = time.perf_counter() - started
             state.close()  # the save is written and counts
-            dones.append(time.perf_counter() - started)
-        name = "ResumableState step()" + (" async_save" if kind == "async" else "")
-        rows.append((name, median(stalls), median(dones)))
-    restore_ours = []
-    for _ in range(rounds):
+            note("ResumableState step()" + (" async_save" if kind == "async" else ""), stall,
+                 time.perf_counter() - started)  # fmt: skip
+        if composer is not None:
+            took = composer.save(fresh())
+            note("Composer save_checkpoint", took, took)
         other, other_opt = _model(megabytes)
+        into = state_dict(other, other_opt)
+        restores.setdefault("dcp.load", []).append(
+            _timed(lambda: dcp.load(into, checkpoint_id=str(where)))  # noqa: B023
+        )
         state = unidist.ResumableState(
-            where, job="bench", model=other, optimizer=other_opt, stop_signals=()
+            ours, job="bench", model=other, optimizer=other_opt, stop_signals=()
         )
-        restore_ours.append(_timed(state.restore))
+        restores.setdefault("ResumableState.restore()", []).append(_timed(state.restore))
         state.close()
+        if composer is not None:
+            restores.setdefault("Composer load_checkpoint", []).append(composer.load())
+    if composer is not None:
+        composer.close()
+    names = ["dcp.save", "dcp.async_save", "ResumableState step()"]
+    names += ["ResumableState step() async_save", "Composer save_checkpoint"]
+    base = median(stalls["dcp.save"])
+    nan = float("nan")
+    saves: list[tuple[object, ...]] = []
+    for name in names:
+        stall = median(stalls[name]) if name in stalls else nan
+        saves.append((name, stall, median(dones[name]) if name in dones else nan, stall / base))
+    base_restore = median(restores["dcp.load"])
+    loads: list[tuple[object, ...]] = []
+    for name in ("dcp.load", "ResumableState.restore()", "Composer load_checkpoint"):
+        took = median(restores[name]) if name in restores else nan
+        loads.append((name, took, took / base_restore))
+    return [saves, loads]
 
-    # Composer's Trainer.save_checkpoint / load_checkpoint, where Composer is installed
-    restore_composer: list[float] = []
-    if importlib.util.find_spec("composer") is not None:
-        saves, restore_composer = _composer(model, optimizer, rounds, fresh)
-        rows.append(("Composer save_checkpoint", median(saves), median(saves)))
-    else:
-        rows.append(("Composer save_checkpoint", float("nan"), float("nan")))
-    base = rows[0][1]
-    out = [(name, stall, done, stall / base) for name, stall, done in rows]  # type: ignore[operator]
-    restores = [
-        ("dcp.load", median(restore_dcp)),
-        ("ResumableState.restore()", median(restore_ours)),
-    ]
-    restores.append(
-        ("Composer load_checkpoint", median(restore_composer) if restore_composer else float("nan"))
-    )
-    base_restore = restores[0][1]
-    return [out, [(name, s, s / base_restore) for name, s in restores]]  # type: ignore[list-item]
 
+class _Composer:
+    """Composer's Trainer.save_checkpoint / load_checkpoint of the same model and optimizer."""
 
-def _composer(
-    model: Any, optimizer: Any, rounds: int, fresh: Any
-) -> tuple[list[float], list[float]]:
-    import torch
-    from composer import Trainer
-    from composer.models import ComposerModel
-    from composer.utils import checkpoint
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        import torch
+        from composer import Trainer
+        from composer.models import ComposerModel
 
-    class Wrapped(ComposerModel):
-        def __init__(self, inner: torch.nn.Module) -> None:
-            super().__init__()
-            self.inner = inner
+        class Wrapped(ComposerModel):
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
 
-        def forward(self, batch: Any) -> Any:
-            return self.inner(batch[0])
+            def forward(self, batch: Any) -> Any:
+                return self.inner(batch[0])
 
-        def loss(self, outputs: Any, batch: Any) -> Any:
-            return outputs.sum()
+            def loss(self, outputs: Any, batch: Any) -> Any:
+                return outputs.sum()
 
-    side = model.weight.shape[0]
-    data = torch.utils.data.TensorDataset(torch.ones(2, side))
-    loader = torch.utils.data.DataLoader(data, batch_size=1)
-    wrapped = Wrapped(model)
-    trainer = Trainer(
-        model=wrapped,
-        train_dataloader=loader,
-        max_duration="1ba",
-        optimizers=optimizer,
-        device="cpu",
-        progress_bar=False,
-        log_to_console=False,
-        loggers=[],
-    )
-    saves, paths = [], []
-    for _ in range(rounds):
-        path = fresh() / "composer.pt"
-        path.parent.mkdir()
-        started = time.perf_counter()
-        trainer.save_checkpoint(str(path))
-        saves.append(time.perf_counter() - started)
-        paths.append(path)
-    restores = []
-    for _ in range(rounds):
-        restores.append(
-            _timed(
-                lambda: checkpoint.load_checkpoint(str(paths[-1]), trainer.state, trainer.logger)
-            )
+        side = model.weight.shape[0]
+        data = torch.utils.data.TensorDataset(torch.ones(2, side))
+        self.trainer = Trainer(
+            model=Wrapped(model),
+            train_dataloader=torch.utils.data.DataLoader(data, batch_size=1),
+            max_duration="1ba",
+            optimizers=optimizer,
+            device="cpu",
+            progress_bar=False,
+            log_to_console=False,
+            loggers=[],
         )
-    trainer.close()
+        self.last: Path | None = None
 
-    return saves, restores
+    def save(self, folder: Path) -> float:
+        folder.mkdir()
+        self.last = folder / "composer.pt"
+        return _timed(lambda: self.trainer.save_checkpoint(str(self.last)))
+
+    def load(self) -> float:
+        from composer.utils import checkpoint
+
+        trainer = self.trainer
+        return _timed(
+            lambda: checkpoint.load_checkpoint(str(self.last), trainer.state, trainer.logger)
+        )
+
+    def close(self) -> None:
+        self.trainer.close()
 
 
 def main() -> None:
