@@ -193,20 +193,28 @@ def test_every_node_prints_the_same_verdict(tmp_path: Path) -> None:
         assert_nothing_left(tmp_path / f"node{i}")
 
 
+def _training(tmp_path: Path) -> bool:
+    logs = list(tmp_path.glob("node*/**/rank*.stdout.log"))
+    return len(logs) == 2 and all("training" in log.read_text() for log in logs)
+
+
 def test_a_node_that_stops_answering_is_named(tmp_path: Path) -> None:
     # The node that holds rank 1 freezes whole (its launcher and its rank, SIGSTOP): it says
     # nothing, and rank 0 waits for rank 1 in all_reduce. The store lives in a third process.
     with start_store_host() as store:
         assert store.stdout is not None
         port = int(store.stdout.readline())
+        # --node-timeout 60: the relay would name the silent node as lost after it; here the
+        # hang report (5 s, then 5 s at most to gather the nodes' facts) comes first.
         conf = ["--rdzv-conf", "is_host=false", "-n", "1", "--hang-timeout", "5"]
+        conf += ["--node-timeout", "60"]
         nodes = [
             start_launch(*c10d(port, "2", tmp_path / f"node{i}", *conf), str(SCRIPT), "sleep")
             for i in (0, 1)
         ]
         frozen: list[int] = []
         try:
-            wait_for(lambda: all(pids_of(tmp_path / f"node{i}") for i in (0, 1)), 120, "both ranks")
+            wait_for(lambda: _training(tmp_path), 120, "both ranks in their training loop")
             index = next(
                 i for i in (0, 1) if list((tmp_path / f"node{i}").glob("*/.events/start-*-r1.json"))
             )

@@ -61,6 +61,7 @@ def main(mode: str) -> int:
     lock.acquire()
     model = unidist.auto_model(Net()) if mode == "ddp" else None
     steps = STEPS.get(mode, 1000)
+    print(f"rank {rank} training", flush=True)
     for step in range(steps):
         if mode == "ddp":
             assert model is not None
