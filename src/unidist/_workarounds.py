@@ -11,6 +11,9 @@ bug                       affected torch        worked around in
 gloo teardown deadlock    < 2.8                 ``lifecycle.finalize`` (GIL released before
 (pytorch PR #154976)                            the destroy), ``launch._rank`` (destroyed
                                                 groups kept until a GIL-released exit)
+gloo aborts at exit       >= 2.8 (seen on   ``launch._rank`` (the groups a script left
+(pytorch#190489)          2.14, not on 2.7)     open are destroyed at exit, before the
+                                                interpreter finalizes)
 gloo AVG sums             < 2.9                 ``parallel._gloo`` (an FSDP2 all-reduce hook
 (pytorch#162338)                                divides the reduce-scatter result)
 gloo has no AVG           < 2.8                 ``parallel._apply`` (FSDP2 HSDP over gloo is
@@ -34,7 +37,9 @@ pinned and latest environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1
 2.11.0): the deadlock hung 5 of 5 runs of 10 rounds on 2.7.0 and 0 of 5 on 2.8.0 and every later
 release tried; reduce_scatter AVG summed on 2.4.1 to 2.8.0 and averaged from 2.9.0 on;
 all_reduce AVG was refused up to 2.7.0 and worked from 2.8.0 on; the libuv store refused a
-listening socket on 2.7.0 and took it on 2.14.1.
+listening socket on 2.7.0 and took it on 2.14.1. The abort at exit killed 5 of 8 two-rank
+torchrun jobs on 2.14.1 and none on 2.7.0; it is handled from 2.8 on, where destroying a group at
+exit cannot deadlock (the first bug), since the releases between were not measured.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import Any
 
 __all__ = [
     "GLOO_AVG_SUMS",
+    "GLOO_EXIT_ABORT",
     "GLOO_NO_AVG_ALL_REDUCE",
     "GLOO_TEARDOWN_DEADLOCK",
     "LIBUV_STORE_LISTEN_FD",
@@ -81,23 +87,31 @@ class TorchBug:
         summary: what goes wrong, in one sentence.
         fixed_in: the first torch release (major, minor) without the bug; None while no
             release has fixed it.
+        since: the first torch release (major, minor) the workaround is applied to; None for
+            every release before ``fixed_in``.
     """
 
     name: str
     upstream: str
     summary: str
     fixed_in: tuple[int, int] | None
+    since: tuple[int, int] | None = None
 
     def present(self, version: str | None = None) -> bool:
         """Whether torch ``version`` (default: the installed one) has the bug."""
-        return self.fixed_in is None or torch_version(version) < self.fixed_in
+        release = torch_version(version)
+        if self.since is not None and release < self.since:
+            return False
+        return self.fixed_in is None or release < self.fixed_in
 
     @property
     def affected(self) -> str:
-        """The affected releases, in words (``"torch < 2.8"``)."""
+        """The affected releases, in words (``"torch < 2.8"``, ``"torch >= 2.8"``)."""
+        low = f"torch >= {self.since[0]}.{self.since[1]}" if self.since else ""
         if self.fixed_in is None:
-            return "every torch release so far"
-        return f"torch < {self.fixed_in[0]}.{self.fixed_in[1]}"
+            return f"{low}, every release so far" if low else "every torch release so far"
+        high = f"torch < {self.fixed_in[0]}.{self.fixed_in[1]}"
+        return f"{low}, {high}" if low else high
 
 
 GLOO_TEARDOWN_DEADLOCK = TorchBug(
@@ -140,8 +154,19 @@ STORE_LISTENS_EVERYWHERE = TorchBug(
     "even when every rank runs on one node",
     None,
 )
+GLOO_EXIT_ABORT = TorchBug(
+    "gloo aborts at exit",
+    "pytorch#190489 (an atexit destroy, PR #179291, was abandoned)",
+    "a gloo worker thread that frees its last collective's tensors after the interpreter "
+    "began finalizing asks for the GIL; Python ends the thread with pthread_exit, whose "
+    "unwinding through the work's noexcept destructor calls std::terminate: the rank dies of "
+    "SIGABRT ('terminate called without an active exception') after its work is done",
+    None,
+    since=(2, 8),
+)
 TORCH_BUGS = (
     GLOO_TEARDOWN_DEADLOCK,
+    GLOO_EXIT_ABORT,
     GLOO_AVG_SUMS,
     GLOO_NO_AVG_ALL_REDUCE,
     LIBUV_STORE_LISTEN_FD,

@@ -39,6 +39,16 @@ def test_a_module_imported_later_is_patched_once_its_code_has_run(package: str) 
     assert __import__(package).VALUE == 1  # once only
 
 
+def test_two_patches_of_one_module_both_apply_in_the_order_given(package: str) -> None:
+    seen: list[str] = []
+    finders = len(sys.meta_path)
+    when_imported(package, lambda m: seen.append("first"))
+    when_imported(package, lambda m: seen.append("second"))
+    __import__(package)
+    assert seen == ["first", "second"]
+    assert len(sys.meta_path) == finders
+
+
 def test_a_module_looked_up_before_it_is_imported_is_still_patched(package: str) -> None:
     import importlib.util
 

@@ -17,7 +17,8 @@ culprit. Each rank also:
   launcher's hang and straggler reports, :mod:`unidist._progress`);
 * exports ``NODE_RANK`` (torch's agent only sets ``GROUP_RANK``) for Composer's ``dist``;
 * keeps room on the disk for its error file, written there when its log has filled the disk;
-* works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`).
+* works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`)
+  and gloo's abort at exit on later torch (see :func:`_end_open_groups`).
 
 It imports nothing the script does not: the patches of torch wait until the script imports
 ``torch.distributed`` (:func:`when_imported`), so a rank whose program never imports torch
@@ -95,6 +96,7 @@ def prepare_rank(python: bool = True) -> None:
             faulthandler.register(sig, all_threads=True, chain=True)
         faulthandler.register(STACK_SIGNAL, all_threads=True, chain=False)
         _defer_group_destruction()
+        _end_open_groups()
         _prefix_store_by_attempt()
         _bind_group_store_to_master_addr()
         records.reserve()  # room for its error file, should its log fill the disk
@@ -157,19 +159,23 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     look a module up, ``importlib.util.find_spec``, long before anyone imports it.)"""
 
     def __init__(self, name: str, patch: Callable[[ModuleType], None]) -> None:
-        self.name, self.patch, self.done = name, patch, False
+        self.name, self.patch, self.done, self.searching = name, patch, False, False
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name:
+        if fullname != self.name or self.searching:
             return None
         spec: importlib.machinery.ModuleSpec | None = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None) if finder is not self else None
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
+        self.searching = True  # another patch of the same module asks every finder too
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None) if finder is not self else None
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    break
+        finally:
+            self.searching = False
         if spec is None:
             return None
         loader: Any = spec.loader
@@ -227,6 +233,49 @@ def _keep_destroyed_groups(dist: Any) -> None:
 
     dist.destroy_process_group = destroy_process_group
     atexit.register(time.sleep, 0.1)
+
+
+#: How long the process groups a script left open may take to end at exit before the rank's
+#: stacks are dumped to its log and it exits with status 1 (a hang at exit is named, not waited on).
+EXIT_DESTROY_TIMEOUT = 60.0
+
+
+def _end_open_groups() -> None:
+    """Destroy, at exit, the process groups the script left open (torch >= 2.8, gloo).
+
+    Most scripts never call ``destroy_process_group()``. On the torch releases of
+    :data:`~unidist._workarounds.GLOO_EXIT_ABORT`, a gloo worker thread may then free its last
+    collective's tensors while the interpreter finalizes, and the rank dies of SIGABRT after its
+    work is done: the job is reported failed. Here an :mod:`atexit` handler, registered when the
+    script imports ``torch.distributed``, destroys what is still open while the interpreter is
+    whole. Order: Python has joined the script's threads and run every exit handler registered
+    after it (the script's own, which may still use the group, and unidist's async checkpoint
+    saves) before this one runs; the groups go before the interpreter finalizes. A destroy that
+    does not return within :data:`EXIT_DESTROY_TIMEOUT` dumps every thread's stack and exits 1.
+    """
+    when_imported("torch.distributed", _destroy_at_exit)
+
+
+def _destroy_at_exit(dist: Any) -> None:
+    import atexit
+
+    from unidist._workarounds import GLOO_EXIT_ABORT
+
+    if GLOO_EXIT_ABORT.present():
+        atexit.register(_destroy_open_groups, dist)
+
+
+def _destroy_open_groups(dist: Any) -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    faulthandler.dump_traceback_later(EXIT_DESTROY_TIMEOUT, exit=True)
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            print(f"unidist: destroying the open process groups at exit: {exc}", file=sys.stderr)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _prefix_store_by_attempt() -> None:
