@@ -134,8 +134,8 @@ def _report(run_dir: str) -> int:
     text = render(folder)
     if not text:
         raise ConfigurationError(
-            f"{run_dir} holds no hang.json or stragglers.json: the run was not called hung, or "
-            "it is not a run folder of unidist launch."
+            f"{run_dir!r} holds no hang.json or stragglers.json: the run was not called hung, "
+            "or it is not a run folder of unidist launch."
         )
     print(text, end="")
     return 0

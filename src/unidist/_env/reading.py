@@ -21,6 +21,7 @@ __all__ = [
     "LAUNCHER_MARKER",
     "PROGRESS",
     "Settings",
+    "chosen",
     "progress_file",
     "read",
     "read_settings",
@@ -82,6 +83,13 @@ def read(environ: Mapping[str, str] | None = None) -> EnvReading:
             "runs as one process; start one process per task with srun to use the allocation"
         )
     return EnvReading(notes=tuple(notes))
+
+
+def chosen(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables among ``names`` that are set (name -> value), for checks of other tools'
+    variables (torch's agent reads its ``TORCHELASTIC_`` ones itself)."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in names if name in env}
 
 
 def read_settings(environ: Mapping[str, str] | None = None) -> Settings:

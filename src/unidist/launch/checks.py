@@ -31,8 +31,12 @@ __all__ = [
     "MAX_SECONDS",
     "MAX_WORLD_SIZE",
     "MIN_MONITOR_INTERVAL",
+    "MAX_ID_LENGTH",
+    "check_agent_variables",
     "check_capacity",
     "check_endpoint",
+    "check_name",
+    "check_signals",
     "check_host",
     "check_log_file",
     "check_log_folder",
@@ -59,6 +63,12 @@ FDS_PER_RANK = 4
 #: Files the launcher holds open whatever the number of ranks (standard streams, the
 #: rendezvous store's sockets, pipes, the interpreter's own), with a margin.
 FDS_BASE = 64
+
+#: The longest file or folder name and path Linux file systems take (NAME_MAX, PATH_MAX).
+NAME_MAX, PATH_MAX = 255, 4096
+#: The longest --rdzv-id: it is part of every rendezvous store key, and torch's store refuses a
+#: key longer than 8192 bytes (with a C++ error that names neither the option nor the value).
+MAX_ID_LENGTH = 1024
 
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 
@@ -167,7 +177,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     check_seconds(args.grace, "--grace", example="3")
     check_seconds(args.shutdown_timeout, "--shutdown-timeout", example="3")
     check_seconds(args.exit_timeout, "--exit-timeout", zero_ok=True, example="600")
-    check_seconds(args.node_timeout, "--node-timeout", minimum=0.3, example="6")
+    check_seconds(args.node_timeout, "--node-timeout", minimum=1, example="6")
     check_seconds(
         args.monitor_interval, "--monitor-interval", minimum=MIN_MONITOR_INTERVAL, example="0.1"
     )
@@ -176,6 +186,120 @@ def check_numbers(args: argparse.Namespace) -> None:
     _count(args.world_size, "--world-size", 1, MAX_WORLD_SIZE)
     _count(args.base_rank, "--base-rank", 0)
     _count(args.master_port, "--master-port", 0, 65535)
+
+
+# -- names, signals and torch's agent variables ------------------------------------------------
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """``text`` as printed in an error: escaped (repr), cut to ``limit`` characters."""
+    if len(text) > limit:
+        return f"{text[:limit]!r}... ({len(text)} characters)"
+    return repr(text)
+
+
+def check_name(text: str | None, option: str, *, longest: int | None = None) -> None:
+    """An id or name torchrun takes as is: printable, and at most ``longest`` characters.
+
+    Raises:
+        ConfigurationError: the option, the value (escaped, cut) and the rule.
+    """
+    if text is None:
+        return
+    if any(not ch.isprintable() for ch in text):
+        raise ConfigurationError(
+            f"{option} {_shown(text)} contains a control character (a newline, an escape). "
+            "HINT: check the quoting of the value (a stray newline from a file or a variable)."
+        )
+    if longest is not None and len(text) > longest:
+        raise ConfigurationError(
+            f"{option} {_shown(text)} is longer than {longest} characters: it is part of every "
+            "rendezvous store key, and torch's store refuses long keys. HINT: use a short id, "
+            "such as the scheduler's job id."
+        )
+
+
+def check_signals(text: str | None, option: str) -> None:
+    """A comma-separated list of signal names (``SIGTERM,SIGUSR1``) this system has.
+
+    torch's agent logs a warning for a name it does not know and goes on without it; a
+    preemption notice sent by that signal would then kill the launcher.
+    """
+    if text is None:
+        return
+    import signal
+
+    names = [name.strip() for name in text.split(",")]
+    unknown = [
+        name for name in names if not isinstance(getattr(signal, name, None), signal.Signals)
+    ]
+    if unknown or not text.strip():
+        raise ConfigurationError(
+            f"{option} {_shown(text)}: {', '.join(map(repr, unknown)) or 'nothing'} is not a "
+            "signal name on this system. HINT: e.g. SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1."
+        )
+
+
+#: torch's elastic agent reads these from the launcher's environment.
+AGENT_VARIABLES = (
+    "TORCHELASTIC_ENABLE_FILE_TIMER",
+    "TORCHELASTIC_TIMER_FILE",
+    "TORCHELASTIC_HEALTH_CHECK_PORT",
+    "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT",
+)
+
+
+def check_agent_variables(values: dict[str, str]) -> None:
+    """The ``TORCHELASTIC_`` variables torch's agent reads, checked before it starts.
+
+    torch reads them leniently: a file timer starts only for ``1`` (``true`` or ``yes`` leave it
+    off, silently), a timer file in a missing folder fails inside the rendezvous with a bare
+    FileNotFoundError, a health-check port that is no port only logs a warning, an unreadable
+    D-state timeout turns the check off. Here each gets one line naming it.
+
+    Args:
+        values: the variables that are set (name -> value).
+    """
+    enabled = values.get("TORCHELASTIC_ENABLE_FILE_TIMER")
+    if enabled is not None and enabled not in ("0", "1"):
+        raise ConfigurationError(
+            f"TORCHELASTIC_ENABLE_FILE_TIMER={_shown(enabled)}: torch's agent starts its file "
+            "timer only for 1 and leaves it off for anything else. HINT: set it to 1 (on) or 0 "
+            "(off), or unset it."
+        )
+    timer = values.get("TORCHELASTIC_TIMER_FILE")
+    if enabled == "1" and timer is not None:
+        folder = Path(timer).parent
+        if not timer or not folder.is_dir():
+            raise ConfigurationError(
+                f"TORCHELASTIC_TIMER_FILE={_shown(timer)}: the folder {_shown(str(folder))} "
+                "does not exist, so torch's file timer cannot create its pipe there. HINT: "
+                "create the folder, or unset the variable (torch then uses the temporary folder)."
+            )
+    port = values.get("TORCHELASTIC_HEALTH_CHECK_PORT")
+    if port is not None:
+        try:
+            number = int(port)
+        except ValueError:
+            number = -1
+        if not 0 <= number <= 65535:
+            raise ConfigurationError(
+                f"TORCHELASTIC_HEALTH_CHECK_PORT={_shown(port)} is not a port from 0 to 65535 "
+                "(torch's agent would log a warning and run without its health check). HINT: "
+                "set a port number, or unset it."
+            )
+    timeout = values.get("TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT")
+    if timeout:
+        try:
+            seconds = float(timeout)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds):
+            raise ConfigurationError(
+                f"TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT={_shown(timeout)} is not a number "
+                "of seconds (torch's agent would turn the check off, silently). HINT: e.g. 600; "
+                "0 turns the check off."
+            )
 
 
 # -- hosts and endpoints ------------------------------------------------------------------------
@@ -419,6 +543,14 @@ def check_log_folder(folder: Path, what: str) -> None:
     Raises:
         ConfigurationError: ``what`` (the start of the message), the folder and the reason.
     """
+    too_long = [part for part in folder.parts if len(os.fsencode(part)) > NAME_MAX]
+    if too_long or len(os.fsencode(str(folder))) > PATH_MAX:
+        which = f"the name {_shown(too_long[0])}" if too_long else "the whole path"
+        raise ConfigurationError(
+            f"{what} {_shown(str(folder))}: {which} is longer than the file system takes "
+            f"({NAME_MAX} bytes a name, {PATH_MAX} a path). HINT: choose a shorter --log-dir, "
+            "--stdout or --stderr."
+        )
     planted = _planted_link(folder)
     if planted is not None:
         raise ConfigurationError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from unidist.launch.plan import LaunchPlan
+from unidist.launch.printing import shown
 from unidist.launch.rundir import RUN_NAME_HINT, default_root
 
 __all__ = ["describe", "log_templates"]
@@ -28,8 +29,8 @@ def describe(plan: LaunchPlan) -> str:
         f"  processes      {plan.nproc} on this node, {_world(plan)} in all",
         f"  global ranks   {_ranks(plan)}",
         f"  rendezvous     {rdzv.describe()}",
-        f"  logs           {stdout}",
-        f"                 {stderr}",
+        f"  logs           {shown(stdout)}",
+        f"                 {shown(stderr)}",
         f"                 {RUN_NAME_HINT}: a new private folder per run, named like "
         "20260131-154138-8d22a5",
         f"  restarts       {plan.max_restarts}",

@@ -32,6 +32,7 @@ from unidist._progress import record
 from unidist._progress.record import Snapshot, State
 from unidist._progress.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
 from unidist.launch._rank import STACK_SIGNAL
+from unidist.launch.printing import shown
 from unidist.launch.records import Start
 from unidist.launch.watch import Observed
 
@@ -67,7 +68,7 @@ class HangReport:
         for fact in sorted(self.facts, key=lambda f: f.rank):
             lines.append(f"  {_describe(fact)}")
             if logs is not None and fact.rank in logs:
-                lines.append(f"      every thread's stack: {logs[fact.rank]}")
+                lines.append(f"      every thread's stack: {shown(logs[fact.rank])}")
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> dict[str, Any]:
@@ -291,7 +292,7 @@ def render(folder: Path) -> str:
         try:
             value = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as exc:
-            parts.append(f"{path}: cannot be read ({exc})\n")
+            parts.append(f"{shown(path)}: cannot be read ({exc})\n")
             continue
         parts.append(_render_one(value, path))
     return "".join(parts)
@@ -299,7 +300,7 @@ def render(folder: Path) -> str:
 
 def _render_one(value: Any, path: Path) -> str:
     if not isinstance(value, dict):
-        return f"{path}: not a unidist report\n"
+        return f"{shown(path)}: not a unidist report\n"
     if value.get("kind") == "hang":
         facts = [
             _facts_from_json(item) for item in value.get("ranks", []) if isinstance(item, dict)
@@ -323,7 +324,7 @@ def _render_one(value: Any, path: Path) -> str:
         if not found:
             lines.append("  none: every rank kept pace with the others")
         return "\n".join(lines) + "\n"
-    return f"{path}: not a unidist report\n"
+    return f"{shown(path)}: not a unidist report\n"
 
 
 def _facts_from_json(item: dict[str, Any]) -> RankFacts:

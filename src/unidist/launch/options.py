@@ -13,6 +13,7 @@ the closest real one (``--nprocs`` -> ``--nproc``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import sys
@@ -21,10 +22,14 @@ from typing import Any, NoReturn
 
 __all__ = [
     "LOG_LINE_PREFIX",
+    "PET_NEWER_OPTIONS",
     "PET_OPTIONS",
+    "PET_REFUSED",
     "REFUSED",
     "CommandParser",
+    "InvalidVariable",
     "add_arguments",
+    "from_variable",
     "suggest",
     "torchrun_env_defaults",
 ]
@@ -136,9 +141,63 @@ PET_OPTIONS = {
     "master_port": False,
     "local_addr": False,
 }
+#: The ``PET_`` variables that newer torchrun releases read too (torch 2.14 reads all of them).
+#: Where the installed torch has the setting they apply as under its torchrun; where it has not,
+#: its torchrun ignores them and so does ``unidist launch``, saying so in the plan's notes.
+PET_NEWER_OPTIONS = {
+    "signals_to_handle": False,
+    "event_log_handler": False,
+    "shutdown_timeout": False,
+    "virtual_local_rank": True,
+    "log_line_prefix_template": False,
+}
+#: ``PET_`` variables of options that ``unidist launch`` refuses (see :data:`REFUSED`).
+PET_REFUSED = ("duplicate_stdout_filters", "duplicate_stderr_filters")
+#: The numbers among them: dest -> (type, what torchrun expects).
+_PET_NUMBERS: dict[str, tuple[type, str]] = {
+    "max_restarts": (int, "a whole number"),
+    "node_rank": (int, "a whole number"),
+    "master_port": (int, "a port number"),
+    "monitor_interval": (float, "a number of seconds"),
+    "shutdown_timeout": (int, "a whole number of seconds"),
+}
 
 #: torchrun's variable for the console prefix (``--log-line-prefix-template`` wins over it).
 LOG_LINE_PREFIX = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+
+
+@dataclasses.dataclass(frozen=True)
+class InvalidVariable:
+    """The default of an option whose ``PET_`` variable cannot be read: what is wrong with it.
+
+    Not a string, so argparse leaves it unconverted; ``plan_from_args`` refuses it when no
+    command-line option replaced it (torchrun, too, fails only then).
+    """
+
+    problem: str
+
+    def __str__(self) -> str:
+        return self.problem
+
+
+def _pet_problem(dest: str, flag: bool, value: str) -> str | None:
+    name = f"PET_{dest.upper()}"
+    if flag and value.strip() not in ("0", "1"):
+        return f"{name}={value!r}: torchrun reads a flag's PET_ variable as 0 or 1"
+    if dest in _PET_NUMBERS:
+        kind, what = _PET_NUMBERS[dest]
+        try:
+            kind(value)
+        except ValueError:
+            option = f"--{dest.replace('_', '-')}"
+            return f"{name}={value!r} is not {what} (torchrun reads it as {option})"
+    if dest in PET_REFUSED:
+        option = f"--{dest.replace('_', '-')}"
+        return (
+            f"{name} sets torchrun's {option}, which unidist launch does not take: "
+            f"{REFUSED[option]}"
+        )
+    return None
 
 
 def torchrun_env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -146,27 +205,38 @@ def torchrun_env_defaults(environ: Mapping[str, str] | None = None) -> dict[str,
     reads from the environment, and ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``.
 
     As in torchrun, an option on the command line wins over its variable; a flag's variable is
-    ``1`` (on) or ``0`` (off). ``pet`` lists the options whose value came from a variable;
-    ``pet_invalid`` the flag variables that were neither (refused by ``plan_from_args``).
+    ``1`` (on) or ``0`` (off). ``pet`` lists the options that have a variable, ``pet_values``
+    their values (:func:`from_variable` says whether the command line replaced one). A
+    variable that cannot be read (a flag that is neither 0 nor 1, a number that is none) gives
+    its option an :class:`InvalidVariable` default, refused by ``plan_from_args`` with the
+    variable's name unless the command line set the option.
     """
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {}
-    invalid: list[str] = []
-    for dest, flag in PET_OPTIONS.items():
-        name = f"PET_{dest.upper()}"
-        value = env.get(name)
+    every = {**PET_OPTIONS, **PET_NEWER_OPTIONS, **dict.fromkeys(PET_REFUSED, False)}
+    for dest, flag in every.items():
+        value = env.get(f"PET_{dest.upper()}")
         if value is None or (not flag and value == ""):
             continue
-        if flag and value.strip() not in ("0", "1"):
-            invalid.append(f"{name}={value!r}")
+        problem = _pet_problem(dest, flag, value)
+        if problem is not None:
+            found[dest] = InvalidVariable(problem)
         else:
             found[dest] = value.strip() == "1" if flag else value
     prefix = env.get(LOG_LINE_PREFIX)
-    if prefix:
+    if prefix and "log_line_prefix_template" not in found:  # torch 2.14: PET_ first
         found["log_line_prefix_template"] = prefix
-    found["pet"] = tuple(sorted(dest for dest in found if dest in PET_OPTIONS))
-    found["pet_invalid"] = tuple(invalid)
+    read = {d: v for d, v in found.items() if d in every and not isinstance(v, InvalidVariable)}
+    found["pet"] = tuple(sorted(read))
+    found["pet_values"] = read
     return found
+
+
+def from_variable(args: argparse.Namespace, dest: str) -> bool:
+    """Whether option ``dest`` has the value of its ``PET_`` variable (the command line did not
+    give another)."""
+    values = getattr(args, "pet_values", {})
+    return dest in values and getattr(args, dest, None) == values[dest]
 
 
 def _sizing(parser: argparse.ArgumentParser) -> None:
@@ -302,7 +372,8 @@ def _agent(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="unidist's: a node silent for SECONDS is taken for gone (the c10d and etcd "
         "rendezvous drop it, the other launchers name it); default 6, torch's keep-alive is "
-        "15. --rdzv-conf keep_alive_interval/keep_alive_max_attempt take precedence",
+        "15; rounded to whole seconds (torch's keep-alive counts in them), at least 1. "
+        "--rdzv-conf keep_alive_interval/keep_alive_max_attempt take precedence",
     )
     add(
         "--hang-timeout",

@@ -17,7 +17,7 @@ from unidist import _env
 from unidist.errors import ConfigurationError
 from unidist.launch import checks, rundir
 from unidist.launch.console import ConsoleSpec, parse_ranks, parse_std
-from unidist.launch.options import add_arguments
+from unidist.launch.options import InvalidVariable, add_arguments, from_variable
 from unidist.launch.rendezvous import Rendezvous, resolve
 
 __all__ = ["LaunchPlan", "add_arguments", "plan_from_args", "probe_templates"]
@@ -159,13 +159,19 @@ class LaunchPlan:
 
 
 def _check_pet(args: argparse.Namespace) -> None:
-    """Refuse torchrun flag variables that are not 0 or 1 (torchrun fails on them too)."""
-    invalid = getattr(args, "pet_invalid", ())
+    """Refuse torchrun's PET_ variables that cannot be read (torchrun fails on them too)."""
+    invalid = [str(v) for v in vars(args).values() if isinstance(v, InvalidVariable)]
     if invalid:
         raise ConfigurationError(
-            f"{', '.join(invalid)}: torchrun reads a flag's PET_ variable as 0 or 1. HINT: set "
-            "it to 1 (on) or 0 (off), or unset it."
+            f"{'; '.join(invalid)}. HINT: correct the variable, or unset it (an option on the "
+            "command line also wins over it)."
         )
+
+
+def _source(args: argparse.Namespace, dest: str) -> str:
+    """How an error names an option: its PET_ variable where the value came from one."""
+    option = "--" + dest.replace("_", "-")
+    return f"PET_{dest.upper()}" if from_variable(args, dest) else option
 
 
 def _nproc(args: argparse.Namespace) -> tuple[int, str | None]:
@@ -227,6 +233,10 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
     checks.check_endpoint(args.rdzv_endpoint, "--rdzv-endpoint")
     checks.check_host(args.master_addr, "--master-addr")
     checks.check_host(args.local_addr, "--local-addr")
+    checks.check_name(args.rdzv_id, _source(args, "rdzv_id"), longest=checks.MAX_ID_LENGTH)
+    checks.check_name(args.role, _source(args, "role"))
+    checks.check_signals(args.signals_to_handle, _source(args, "signals_to_handle"))
+    checks.check_agent_variables(_env.chosen(checks.AGENT_VARIABLES))
     nproc, note = _nproc(args)
     option = "--nproc-per-node" if args.nproc_per_node is not None else "-n"
     templates = args.stdout is not None or args.stderr is not None
@@ -238,6 +248,7 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
     if args.module and args.no_python:
         raise ConfigurationError("-m and --no-python contradict each other. HINT: keep one.")
     _check_templates(args.stdout, args.stderr)
+    torch_options = _torch_options(args, notes)  # may drop a variable this torch does not read
     grace = args.grace if args.grace is not None else args.shutdown_timeout
     grace = 3.0 if grace is None else grace
     if args.start_method is not None:
@@ -264,7 +275,7 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
         exit_timeout=args.exit_timeout,
         hang_timeout=_hang_timeout(args),
         straggler_every=checks.straggler_every(args.straggler_report),
-        torch_options=_torch_options(args),
+        torch_options=torch_options,
         notes=tuple(notes),
         logs_specs=_logs_specs(args),
     )
@@ -320,7 +331,7 @@ def _logs_specs(args: argparse.Namespace) -> ChosenLogsSpecs | None:
     return chosen
 
 
-def _torch_options(args: argparse.Namespace) -> dict[str, Any]:
+def _torch_options(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
     """torchrun options that map to ``LaunchConfig`` fields of newer torch releases only."""
     wanted: dict[str, tuple[str, Any]] = {}
     if args.signals_to_handle is not None:
@@ -338,8 +349,14 @@ def _torch_options(args: argparse.Namespace) -> dict[str, Any]:
     from torch.distributed.launcher.api import LaunchConfig
 
     fields = {f.name for f in dataclasses.fields(LaunchConfig)}
-    for name, (option, _) in wanted.items():
-        if name not in fields and option != "--shutdown-timeout":
+    for name, (option, _) in list(wanted.items()):
+        dest = option[2:].replace("-", "_")
+        if name not in fields and from_variable(args, dest):
+            # This torch's torchrun does not read the variable either: ignored, and said.
+            notes.append(f"PET_{dest.upper()} is not read by this torch's torchrun: ignored")
+            del wanted[name]
+            setattr(args, dest, None if dest != "virtual_local_rank" else False)
+        elif name not in fields and option != "--shutdown-timeout":
             import torch
 
             raise ConfigurationError(

@@ -29,7 +29,7 @@ from unidist import _env
 from unidist.errors import ConfigurationError
 from unidist.launch import onenode
 
-__all__ = ["Rendezvous", "check_port_free", "parse_conf", "resolve"]
+__all__ = ["Rendezvous", "check_port_free", "keep_alive", "parse_conf", "resolve"]
 
 _BUILTIN_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 _DEFAULT_PORT = 29500
@@ -50,6 +50,35 @@ _KNOWN_KEYS = {
     ),
     "static": ("timeout",),
 }
+#: How torch reads each of those keys: whole seconds and counts (``int(value)``; the timeouts
+#: must be positive), booleans (``1/true/t/yes/y`` or ``0/false/f/no/n``), a store type.
+_WHOLE_NUMBERS = (
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+    "timeout",
+)
+_BOOLEANS = ("is_host", "use_libuv")
+_TRUE_FALSE = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
+_STORE_TYPES = ("tcp", "file")
+
+
+def _conf_value_problem(key: str, value: str) -> str | None:
+    if key in _WHOLE_NUMBERS:
+        try:
+            number = int(value)
+        except ValueError:
+            return "is not a whole number (torch reads it with int())"
+        return None if number >= 1 else "must be 1 or more"
+    if key in _BOOLEANS and value.lower() not in _TRUE_FALSE:
+        return "is not a boolean (1, true, yes or 0, false, no)"
+    if key == "store_type" and value.strip().lower() not in _STORE_TYPES:
+        return f"is not a store type torch has ({', '.join(_STORE_TYPES)})"
+    return None
 
 
 @dataclass(frozen=True)
@@ -160,6 +189,12 @@ def parse_conf(text: str | None, backend: str) -> dict[str, str]:
                     f"--rdzv-conf key {key!r} is not read by the {backend} rendezvous (torch "
                     f"would ignore it). HINT: {hint}known keys: {', '.join(known)}."
                 )
+            problem = _conf_value_problem(key, configs[key])
+            if problem is not None:
+                raise ConfigurationError(
+                    f"--rdzv-conf {key}={configs[key]!r} {problem}. HINT: e.g. "
+                    "--rdzv-conf join_timeout=600,last_call_timeout=5,is_host=false."
+                )
     return configs
 
 
@@ -210,6 +245,16 @@ def resolve(args: argparse.Namespace, nproc: int, notes: list[str]) -> Rendezvou
 NODE_TIMEOUT = 6.0
 
 
+def keep_alive(seconds: float) -> tuple[int, int]:
+    """(keep_alive_interval, keep_alive_max_attempt) for a node timeout of ``seconds``.
+
+    torch reads both as whole numbers (``int("3.3")`` fails the rendezvous), so the timeout is
+    rounded: three beats where it is 3 s or more (6 -> 2 x 3, 10 -> 3 x 3), 1 s beats below.
+    """
+    interval = max(1, round(seconds / 3))
+    return interval, max(1, round(seconds / interval))
+
+
 def _with_node_timeout(rdzv: Rendezvous, seconds: float | None, notes: list[str]) -> Rendezvous:
     """The keep-alive of a dynamic rendezvous from ``--node-timeout``, unless ``--rdzv-conf``
     sets it: a node silent that long is dropped from the round, which is what a restart after
@@ -219,16 +264,16 @@ def _with_node_timeout(rdzv: Rendezvous, seconds: float | None, notes: list[str]
     if {"keep_alive_interval", "keep_alive_max_attempt"} & set(rdzv.configs):
         return rdzv  # the user's own keep-alive, as torch reads it
     seconds = NODE_TIMEOUT if seconds is None else seconds
-    interval = seconds / 3
+    interval, attempts = keep_alive(seconds)
     configs = {
         **rdzv.configs,
-        "keep_alive_interval": f"{interval:g}",
-        "keep_alive_max_attempt": "3",
+        "keep_alive_interval": str(interval),
+        "keep_alive_max_attempt": str(attempts),
     }
     notes.append(
-        f"--node-timeout {seconds:g}: a node silent for {seconds:g} s is dropped from the "
-        f"rendezvous (keep_alive_interval={interval:g}, keep_alive_max_attempt=3; torch's "
-        "default is 5 x 3)"
+        f"--node-timeout {seconds:g}: a node silent for {interval * attempts} s is dropped from "
+        f"the rendezvous (keep_alive_interval={interval}, keep_alive_max_attempt={attempts}; "
+        "torch's default is 5 x 3)"
     )
     return dataclasses.replace(rdzv, configs=configs)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unidist.launch import records
+from unidist.launch.printing import shown
 from unidist.launch.records import Slot, Start
 from unidist.launch.watch import Observed, RankState
 
@@ -177,7 +178,7 @@ class Report:
                     "(another node failed, or the nodes changed)"
                 )
                 continue
-            log = "" if culprit.status == "lost" else f" (log: {culprit.stderr})"  # not here
+            log = "" if culprit.status == "lost" else f" (log: {shown(culprit.stderr)})"  # not here
             parts.append(
                 f"attempt {attempt} failed: {_describe(culprit)}{log}"
                 + (f"; {culprit.log_error}" if culprit.log_error else "")
@@ -261,12 +262,15 @@ def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
     if o.status == "lost":
         return ["      its ranks' logs are on its host, in its launcher's log folder"]
     if o.remote:
-        return [f"      full logs on {o.host}: {o.stderr}", f"                 {o.stdout}"]
+        return [
+            f"      full logs on {o.host}: {shown(o.stderr)}",
+            f"                 {shown(o.stdout)}",
+        ]
     text = _read(o.stderr)
     stack = stack_excerpt(text, lines) if o.status in ("stopped", "hung") else []
-    shown = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
-    body = [f"      | {line}" for line in shown] if shown else ["      | (stderr is empty)"]
-    return [*body, f"      full logs: {o.stderr}", f"                 {o.stdout}"]
+    kept = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
+    body = [f"      | {line}" for line in kept] if kept else ["      | (stderr is empty)"]
+    return [*body, f"      full logs: {shown(o.stderr)}", f"                 {shown(o.stdout)}"]
 
 
 def _read(path: Path) -> str:
