@@ -221,3 +221,19 @@ def test_the_readme_links_to_the_docs_and_keeps_its_two_commands() -> None:
     assert "docs/index.md" in readme
     commands = re.findall(r"^\./scripts/\w+", readme, re.M)
     assert commands == ["./scripts/demo", "./scripts/test"]
+
+
+def test_the_logged_choices_of_auto_dataloader_are_what_the_output_guide_shows() -> None:
+    # The guide's example: 4096 samples, 2 ranks, a global batch of 128, the defaults.
+    import torch
+
+    from unidist.data import _describe
+    from unidist.samplers import DistributedSampler
+
+    dataset = torch.utils.data.TensorDataset(torch.zeros(4096, 2))
+    sampler = DistributedSampler(dataset, num_replicas=2, rank=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, sampler=sampler)
+    line = _describe(loader, dataset, 64, 2, [])  # type: ignore[arg-type]
+    block = _read("guides/output.md").split("```text\n", 1)[1].split("```", 1)[0]
+    shown = " ".join(block.split()).split("unidist.data INFO: ", 1)[1]
+    assert shown == line
