@@ -366,3 +366,25 @@ def test_spawn_refuses_ignites_call_shape_before_starting_anything() -> None:
         unidist.spawn("gloo", print, (1,))  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match="must be the function to run, got int"):
         unidist.spawn(3)  # type: ignore[arg-type]
+
+
+# -- one_rank_first: the argument before the topology -----------------------------------------
+
+
+@pytest.mark.parametrize(("rank", "local"), [(100, False), (-1, False), (-1, True), ("0", False)])
+def test_one_rank_first_names_a_bad_rank_before_reading_the_topology(
+    monkeypatch: pytest.MonkeyPatch, rank: Any, local: bool
+) -> None:
+    # Rank 0 of 2 by the launcher's variables, without the local ones and without a process
+    # group: the topology cannot be completed here, but a bad rank is named first (Ignite
+    # checks the argument first too, with a ValueError).
+    for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _state.reset()
+    with (
+        pytest.raises(ValueError, match=rf"rank={rank!r} is not"),
+        unidist.one_rank_first(rank=rank, local=local),
+    ):
+        pass

@@ -237,3 +237,49 @@ def test_the_logged_choices_of_auto_dataloader_are_what_the_output_guide_shows()
     block = _read("guides/output.md").split("```text\n", 1)[1].split("```", 1)[0]
     shown = " ".join(block.split()).split("unidist.data INFO: ", 1)[1]
     assert shown == line
+
+
+def _rows(page: str, prefix: str) -> set[str]:
+    """The owner's function of every row of a migration page's table (``| `idist.X` |``)."""
+    return set(re.findall(rf"(?m)^\| `{prefix}\.(\w+)` \|", _read(page)))
+
+
+def _cased(cases: dict[str, object]) -> set[str]:
+    return {name.split("/")[0] for name in cases}
+
+
+def test_every_row_of_the_ignite_page_has_a_parity_test() -> None:
+    from tests.compat import _cases
+
+    rows = _rows("migration/ignite.md", "idist")
+    # Parallel.run calls spawn in both modules: tests/compat/test_ignite_parity.py's
+    # test_parallel_spawns_the_same_processes_as_ignites checks the two rows.
+    tested = _cased({**_cases.IGNITE, **_cases.IGNITE_ONE_PROCESS}) | {"Parallel", "spawn"}
+    assert len(rows) > 25
+    assert rows - tested == set(), "rows of docs/migration/ignite.md without a case"
+
+
+def test_every_row_of_the_composer_page_has_a_parity_test() -> None:
+    from tests.compat import _cases
+
+    rows = _rows("migration/composer.md", "dist")
+    assert len(rows) > 15
+    tested = _cased({**_cases.COMPOSER, **_cases.COMPOSER_UNINITIALIZED})
+    assert rows - tested == set(), "rows of docs/migration/composer.md without a case"
+
+
+def test_the_shims_give_every_name_of_their_owners() -> None:
+    import ignite.distributed as idist
+
+    import unidist.compat.composer
+    import unidist.compat.ignite
+
+    owners = {
+        unidist.compat.ignite: {
+            n for n in dir(idist) if not n.startswith("_") and callable(getattr(idist, n))
+        },
+        unidist.compat.composer: _rows("migration/composer.md", "dist"),
+    }
+    for shim, names in owners.items():
+        missing = sorted(n for n in names if not hasattr(shim, n))
+        assert missing == [], f"{shim.__name__} lacks {missing}"

@@ -192,8 +192,14 @@ def one_rank_first(
         local: choose the first rank per node instead of globally.
         timeout: seconds the others wait for it (default: the session's timeout).
     """
-    me = _reading_adopting_the_group()
     what = f"one_rank_first(rank={rank}, local={local})"
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        # The argument before the topology (as Ignite): a bad rank is named even where the
+        # topology cannot be read yet.
+        raise ConfigurationError(f"{what}: rank={rank!r} is not a rank (0 or more).")
+    me = _reading_adopting_the_group()
+    if not local:
+        _check_rank(rank, me.world_size, what)
     if me.world_size == 1:
         _check_rank(rank, 1, what)
         yield

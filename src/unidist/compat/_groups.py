@@ -1,0 +1,72 @@
+"""The owners' ``group=`` arguments (a list of ranks, a torch ProcessGroup) as unidist Groups."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+import unidist
+from unidist.groups import Group
+
+__all__ = ["as_group"]
+
+#: Groups made from Ignite's lists of ranks, by ranks: Ignite makes a new process group at
+#: every call; one per list is the same collective contract (every rank passes the same list)
+#: without a process group leaked per call.
+_FROM_RANKS: dict[tuple[int, ...], Any] = {}
+#: unidist Groups wrapping torch ProcessGroups the user made (Composer passes those).
+_FROM_TORCH: dict[int, tuple[Any, Group]] = {}
+
+
+def as_group(group: object, what: str, *, lists: bool) -> Group | list[int] | None:
+    """``group`` as a unidist :class:`~unidist.groups.Group` (None for the world).
+
+    Takes a unidist Group, a torch ``ProcessGroup`` and, when ``lists`` (Ignite), a list of
+    integer ranks; in one process a list stays a list, as in Ignite's serial model.
+
+    Raises:
+        ValueError: anything else (Ignite's type and wording), or a non-gloo torch group
+            (unidist sends its control messages over gloo; build it with ``unidist.new_group``).
+    """
+    if group is None or isinstance(group, Group):
+        return group
+    if lists and isinstance(group, list):
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in group):
+            raise _refuse(group, what, lists)
+        if unidist.get_world_size() == 1:
+            return group
+        key = tuple(group)
+        if key not in _FROM_RANKS:
+            _FROM_RANKS[key] = unidist.new_group(group)
+        made: Group = _FROM_RANKS[key]
+        return made
+    if isinstance(group, dist.ProcessGroup):
+        return _from_torch(group, what)
+    raise _refuse(group, what, lists)
+
+
+def _from_torch(group: Any, what: str) -> Group:
+    kept = _FROM_TORCH.get(id(group))
+    if kept is not None and kept[0] is group:
+        return kept[1]
+    backend = dist.get_backend(group)
+    if backend != "gloo":
+        raise ValueError(
+            f"{what}(group=...) got a torch ProcessGroup on {backend}; unidist needs a gloo "
+            "companion for its control messages, which only unidist.new_group(ranks) builds. "
+            "HINT: make the group with unidist.new_group(ranks) (every rank calls it)."
+        )
+    ranks = tuple(sorted(dist.get_process_group_ranks(group)))
+    made = Group(ranks, group, group)
+    _FROM_TORCH[id(group)] = (group, made)
+    return made
+
+
+def _refuse(group: object, what: str, lists: bool) -> ValueError:
+    takes = "a list of int ranks, a torch ProcessGroup" if lists else "a torch ProcessGroup"
+    return ValueError(
+        f"Argument group should be {takes} or a unidist Group, got {type(group)}, "
+        f"group={group!r:.80} (in {what}). HINT: group=unidist.new_group(ranks), built on "
+        "every rank."
+    )

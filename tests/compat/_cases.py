@@ -1,0 +1,426 @@
+"""The same calls made through an owner's module and through unidist.compat's, rank by rank.
+
+Each case is ``name -> fn(module, rank, workdir)``; its name starts with the function of the
+migration page's row it checks (``all_reduce/float``), so tests/test_docs.py can check that
+every row has one. :func:`outcome` turns a result or an error into plain data that two runs
+can compare: values with their types, tensors with dtype and shape, errors by type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+)
+from torch.utils.data.distributed import DistributedSampler
+
+Case = Callable[[Any, int, str], Any]
+
+#: Warnings of the owner's code on a newer torch, not behaviour to keep: Ignite 0.5.5 indexes
+#: with a list in all_gather_tensors_with_shapes, which torch >= 2.8 warns about.
+_IGNORED = ("Using a non-tuple sequence for multidimensional indexing",)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as comparable data (types kept: 7 is not 7.0, a tensor's dtype counts)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", str(value.dtype), tuple(value.shape), value.tolist())
+    if isinstance(value, bool | int | float | str | type(None)):
+        return (type(value).__name__, value)
+    if isinstance(value, Path):
+        return ("path", str(value))
+    if isinstance(value, torch.device):
+        return ("device", str(value))
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, [plain(v) for v in value])
+    if isinstance(value, dict):
+        return ("dict", sorted((str(k), plain(v)) for k, v in value.items()))
+    return ("object", type(value).__name__)
+
+
+def outcome(case: Case, module: Any, rank: int, workdir: str) -> Any:
+    """("ok", value, warnings raised) or ("error", exception type name)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            value = case(module, rank, workdir)
+        except Exception as exc:  # the error is the outcome compared
+            return ("error", type(exc).__name__)
+    shown = [
+        w for w in caught if w.category is UserWarning and not str(w.message).startswith(_IGNORED)
+    ]
+    return ("ok", plain(value), len(shown))
+
+
+def batches(loader: DataLoader[Any]) -> list[list[int]]:
+    return [[int(i) for i in batch] for batch in loader]
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    state = torch.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(state)
+
+
+class Stream(IterableDataset[int]):
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(5))
+
+
+# -- Ignite ------------------------------------------------------------------------------------
+
+
+def _first(m: Any, rank: int, local: bool) -> Any:
+    with m.one_rank_first(rank=rank, local=local):
+        return "ran"
+
+
+def _loader(m: Any, **kw: Any) -> Any:
+    loader = m.auto_dataloader(list(range(10)), **kw)
+    return batches(loader), loader.batch_size, loader.num_workers
+
+
+def _proxy(m: Any, r: int) -> Any:
+    with seeded(5):
+        sampler = m.DistributedProxySampler(RandomSampler(range(10)), num_replicas=2, rank=r % 2)
+        first = list(sampler)
+        sampler.set_epoch(1)
+        return first, list(sampler), len(sampler)
+
+
+def _ddp(m: Any) -> Any:
+    with seeded(0):
+        model = m.auto_model(torch.nn.Linear(3, 2))
+    return type(model).__name__, sum(float(p.detach().sum()) for p in model.parameters())
+
+
+def _optim(m: Any) -> Any:
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    return m.auto_optim(optimizer) is optimizer
+
+
+def _group_then_reduce(m: Any, r: int) -> Any:
+    group = m.new_group([0, 1]) if m.get_world_size() > 1 else m.new_group([0])
+    return m.all_reduce(torch.tensor([r + 1]), group=group)
+
+
+def _only(m: Any, r: int) -> Any:
+    return m.one_rank_only(rank=m.get_world_size() - 1)(lambda: f"rank {r}")()
+
+
+IGNITE: dict[str, Case] = {
+    "get_rank": lambda m, r, w: m.get_rank(),
+    "get_world_size": lambda m, r, w: m.get_world_size(),
+    "get_local_rank": lambda m, r, w: m.get_local_rank(),
+    "get_node_rank": lambda m, r, w: m.get_node_rank(),
+    "get_nproc_per_node": lambda m, r, w: m.get_nproc_per_node(),
+    "get_nnodes": lambda m, r, w: m.get_nnodes(),
+    "hostname": lambda m, r, w: m.hostname(),
+    "device": lambda m, r, w: m.device(),
+    "backend": lambda m, r, w: m.backend(),
+    "model_name": lambda m, r, w: m.model_name(),
+    "available_backends": lambda m, r, w: m.available_backends(),
+    "sync": lambda m, r, w: m.sync(),
+    "show_config": lambda m, r, w: m.show_config(),
+    "set_local_rank": lambda m, r, w: m.set_local_rank(r),
+    "initialize/unknown-backend": lambda m, r, w: m.initialize("smoke-signals"),
+    "all_reduce/tensor": lambda m, r, w: m.all_reduce(torch.tensor([r + 1.0, 2.0])),
+    "all_reduce/float": lambda m, r, w: m.all_reduce(r + 1.5),
+    "all_reduce/int": lambda m, r, w: m.all_reduce(r + 1),
+    "all_reduce/max": lambda m, r, w: m.all_reduce(torch.tensor([r, -r]), op="MAX"),
+    "all_reduce/and": lambda m, r, w: m.all_reduce(torch.tensor([r + 2]), op="AND"),
+    "all_reduce/lower-case-op": lambda m, r, w: m.all_reduce(torch.tensor([1.0]), op="sum"),
+    "all_reduce/unknown-op": lambda m, r, w: m.all_reduce(torch.tensor([1.0]), op="AVG"),
+    "all_reduce/list": lambda m, r, w: m.all_reduce([1, 2]),
+    "all_reduce/group-list": lambda m, r, w: m.all_reduce(torch.tensor([r + 1]), group=[0, 1]),
+    "all_reduce/outsider": lambda m, r, w: m.all_reduce(torch.tensor([r + 1]), group=[0]),
+    "all_reduce/bad-group": lambda m, r, w: m.all_reduce(torch.tensor([1]), group="ranks"),
+    "all_gather/1d": lambda m, r, w: m.all_gather(torch.tensor([r, r + 10])),
+    "all_gather/0d": lambda m, r, w: m.all_gather(torch.tensor(r)),
+    "all_gather/2d": lambda m, r, w: m.all_gather(torch.full((1, 2), r)),
+    "all_gather/float": lambda m, r, w: m.all_gather(r + 0.5),
+    "all_gather/int": lambda m, r, w: m.all_gather(r + 3),
+    "all_gather/str": lambda m, r, w: m.all_gather("ab" * (r + 1)),
+    "all_gather/object": lambda m, r, w: m.all_gather({"rank": r}),
+    "all_gather/group-list": lambda m, r, w: m.all_gather(torch.tensor([r]), group=[0, 1]),
+    "all_gather/outsider": lambda m, r, w: m.all_gather(torch.tensor([r]), group=[0]),
+    "all_gather/bad-group": lambda m, r, w: m.all_gather(torch.tensor([r]), group=("x",)),
+    "all_gather_tensors_with_shapes/uneven": lambda m, r, w: m.all_gather_tensors_with_shapes(
+        torch.full((r + 1, r + 2), float(r)), [[1, 2], [2, 3]][: m.get_world_size()]
+    ),
+    "broadcast/tensor": lambda m, r, w: m.broadcast(torch.tensor([r * 3.0]), src=0),
+    "broadcast/int-as-float32": lambda m, r, w: m.broadcast(123456789 if r == 0 else 0),
+    "broadcast/float": lambda m, r, w: m.broadcast(0.1 if r == 0 else 0.0),
+    "broadcast/str": lambda m, r, w: m.broadcast("hello" if r == 0 else ""),
+    "broadcast/path": lambda m, r, w: m.broadcast(Path("/a/b") if r == 0 else Path("")),
+    "broadcast/safe-tensor": lambda m, r, w: m.broadcast(
+        torch.ones(2, 3, dtype=torch.int32) if r == 0 else None, safe_mode=True
+    ),
+    "broadcast/safe-str": lambda m, r, w: m.broadcast("s" if r == 0 else None, safe_mode=True),
+    "broadcast/none-unsafe": lambda m, r, w: m.broadcast(None),
+    "broadcast/list": lambda m, r, w: m.broadcast([1, 2]),
+    "barrier": lambda m, r, w: m.barrier(),
+    "new_group/then-all_reduce": lambda m, r, w: _group_then_reduce(m, r),
+    "new_group/not-a-list": lambda m, r, w: m.new_group("0,1"),
+    "one_rank_first/ok": lambda m, r, w: _first(m, 0, False),
+    "one_rank_first/rank-100": lambda m, r, w: _first(m, 100, False),
+    "one_rank_first/local-rank-100": lambda m, r, w: _first(m, 100, True),
+    "one_rank_first/negative": lambda m, r, w: _first(m, -1, False),
+    "one_rank_only/last-rank": lambda m, r, w: _only(m, r),
+    "auto_dataloader/global-batch-1": lambda m, r, w: _loader(m, batch_size=1),
+    "auto_dataloader/global-batch-3": lambda m, r, w: _loader(m, batch_size=3, num_workers=0),
+    "auto_dataloader/no-shuffle": lambda m, r, w: _loader(m, batch_size=4, shuffle=False),
+    "auto_dataloader/workers-per-node": lambda m, r, w: _loader(m, batch_size=2, num_workers=3)[1:],
+    "auto_dataloader/user-sampler": lambda m, r, w: _loader(
+        m, batch_size=2, sampler=SequentialSampler(range(10))
+    ),
+    "auto_dataloader/foreign-sampler": lambda m, r, w: _loader(
+        m, batch_size=2, sampler=DistributedSampler(range(10), num_replicas=2, rank=0)
+    ),
+    "auto_dataloader/batch-sampler": lambda m, r, w: _loader(
+        m, batch_sampler=BatchSampler(SequentialSampler(range(5)), 2, False)
+    ),
+    "auto_dataloader/iterable": lambda m, r, w: batches(m.auto_dataloader(Stream(), batch_size=2)),
+    "auto_dataloader/one-process-shuffle": lambda m, r, w: _seeded_loader(m),
+    "DistributedProxySampler/random": lambda m, r, w: _proxy(m, r),
+    "DistributedProxySampler/not-a-sampler": lambda m, r, w: m.DistributedProxySampler([1, 2]),
+    "DistributedProxySampler/distributed": lambda m, r, w: m.DistributedProxySampler(
+        DistributedSampler(range(4), num_replicas=1, rank=0)
+    ),
+    "auto_model": lambda m, r, w: _ddp(m),
+    "auto_optim": lambda m, r, w: _optim(m),
+}
+
+
+def _seeded_loader(m: Any) -> Any:
+    with seeded(3):
+        return batches(m.auto_dataloader(list(range(6)), batch_size=4, shuffle=True))
+
+
+#: Rows whose difference is deliberate and documented on the migration page: what the shim
+#: gives instead ("ok", or the error's type).
+IGNITE_DELIBERATE: dict[str, str] = {
+    # Deprecated in Ignite; the launcher gives the local rank (docs/migration/ignite.md).
+    "set_local_rank": "TypeError",
+}
+
+
+def deliberate(expected: str, shim: Any) -> bool:
+    """Whether the shim's outcome is the documented one."""
+    return shim[0] == "ok" if expected == "ok" else shim[:2] == ("error", expected)
+
+
+def _initialize_and_finalize(m: Any, r: int, w: str) -> Any:
+    m.initialize("gloo")
+    seen = (m.backend(), m.model_name(), m.get_world_size())
+    m.finalize()
+    return seen
+
+
+#: Cases of one process only (they start and end the process group).
+IGNITE_ONE_PROCESS: dict[str, Case] = {
+    "initialize/gloo": _initialize_and_finalize,
+    "finalize": lambda m, r, w: (m.finalize(), m.model_name()),
+}
+
+
+def run_ignite(workdir: str) -> dict[str, tuple[Any, Any]]:
+    """On every rank: each case through Ignite and through the shim (a group of 2, or none)."""
+    import ignite.distributed as owner
+    import torch.distributed as dist
+
+    import unidist.compat.ignite as shim
+
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    cases = dict(IGNITE)
+    if world > 1:
+        dist.init_process_group("gloo")
+    else:
+        cases.update(IGNITE_ONE_PROCESS)
+    results = {
+        name: (outcome(case, owner, rank, workdir), outcome(case, shim, rank, workdir))
+        for name, case in cases.items()
+    }
+    if dist.is_initialized():
+        shim.finalize()
+    return results
+
+
+# -- Composer ----------------------------------------------------------------------------------
+
+
+def _in_place(m: Any, r: int, **kw: Any) -> Any:
+    tensor = torch.tensor([r + 1, 5 - r])
+    returned = m.all_reduce(tensor, **kw)
+    return returned, tensor
+
+
+def _broadcast(m: Any, r: int) -> Any:
+    tensor = torch.tensor([float(r)] * 3)
+    return m.broadcast(tensor, src=1 if m.get_world_size() > 1 else 0), tensor
+
+
+def _object_list(m: Any, r: int) -> Any:
+    objects: list[Any] = [{"from": r}, f"rank {r}"]
+    return m.broadcast_object_list(objects, src=0), objects
+
+
+def _sampler(m: Any, **kw: Any) -> Any:
+    sampler = m.get_sampler(list(range(11)), **kw)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    return first, list(sampler), len(sampler)
+
+
+def _signal_name(m: Any) -> Any:
+    return m.get_node_signal_file_name(random.Random(3))
+
+
+def _here(w: str, m: Any) -> str:
+    path = os.path.join(w, m.__name__.replace(".", "_"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _signal_file(m: Any, r: int, w: str) -> Any:
+    folder = os.path.join(_here(w, m), f"rank{r}")
+    path = m.write_signal_file("._signal", folder)
+    return os.path.basename(path), sorted(os.listdir(folder))
+
+
+def _download(m: Any, r: int, w: str) -> Any:
+    target = os.path.join(_here(w, m), "data.bin")
+    with m.local_rank_zero_download_and_wait(target):
+        if m.get_local_rank() == 0:
+            Path(target).write_text("downloaded")
+    return Path(target).read_text()
+
+
+def _first_local(m: Any, r: int, w: str) -> Any:
+    log = Path(_here(w, m), "order.txt")
+    with m.run_local_rank_zero_first(), log.open("a") as f:
+        f.write(str(m.get_local_rank()))
+    m.barrier()
+    return log.read_text()
+
+
+def _busy_wait(m: Any, r: int, w: str) -> Any:
+    folder = os.path.join(_here(w, m), "busy")
+    os.makedirs(folder, exist_ok=True)
+    m.barrier()
+    with m.busy_wait_for_local_rank_zero(folder):
+        pass
+    m.barrier()
+    return sorted(os.listdir(folder))
+
+
+def _hpu(m: Any, r: int) -> Any:
+    gathered: list[Any] = [None] * m.get_world_size()
+    return m.all_gather_object_list_hpu(gathered, {"rank": r}), gathered
+
+
+COMPOSER_UNINITIALIZED: dict[str, Case] = {
+    "is_initialized/before": lambda m, r, w: m.is_initialized(),
+    "get_world_size/before": lambda m, r, w: m.get_world_size(),
+    "all_reduce/before": lambda m, r, w: _in_place(m, r),
+    "broadcast/before": lambda m, r, w: _broadcast(m, r),
+    "broadcast_object_list/before": lambda m, r, w: _object_list(m, r),
+    "all_gather/before": lambda m, r, w: m.all_gather(torch.tensor([r])),
+    "all_gather_object/before": lambda m, r, w: m.all_gather_object(r),
+    "barrier/before": lambda m, r, w: m.barrier(),
+    "run_local_rank_zero_first/before": lambda m, r, w: _first_local(m, r, w),
+}
+
+COMPOSER: dict[str, Case] = {
+    "is_available": lambda m, r, w: m.is_available(),
+    "is_initialized": lambda m, r, w: m.is_initialized(),
+    "get_global_rank": lambda m, r, w: m.get_global_rank(),
+    "get_world_size": lambda m, r, w: m.get_world_size(),
+    "get_local_rank": lambda m, r, w: m.get_local_rank(),
+    "get_local_world_size": lambda m, r, w: m.get_local_world_size(),
+    "get_node_rank": lambda m, r, w: m.get_node_rank(),
+    "initialize_dist/cpu": lambda m, r, w: m.initialize_dist("cpu"),
+    "barrier": lambda m, r, w: m.barrier(),
+    "all_reduce/sum": lambda m, r, w: _in_place(m, r),
+    "all_reduce/lower-case-max": lambda m, r, w: _in_place(m, r, reduce_operation="max"),
+    "all_reduce/product": lambda m, r, w: _in_place(m, r, reduce_operation="PRODUCT"),
+    "all_reduce/unknown-op": lambda m, r, w: _in_place(m, r, reduce_operation="MEDIAN"),
+    "broadcast": lambda m, r, w: _broadcast(m, r),
+    "broadcast_object_list": lambda m, r, w: _object_list(m, r),
+    "all_gather": lambda m, r, w: m.all_gather(torch.tensor([[r, r + 1]])),
+    "all_gather_object": lambda m, r, w: m.all_gather_object({"rank": r}),
+    "all_gather_object_list_hpu": lambda m, r, w: _hpu(m, r),
+    "get_sampler/default": lambda m, r, w: _sampler(m),
+    "get_sampler/shuffle": lambda m, r, w: _sampler(m, shuffle=True, seed=4),
+    "get_sampler/drop-last": lambda m, r, w: _sampler(m, drop_last=True, shuffle=True),
+    "get_node_signal_file_name": lambda m, r, w: _signal_name(m),
+    "write_signal_file": _signal_file,
+    "local_rank_zero_download_and_wait": _download,
+    "run_local_rank_zero_first": _first_local,
+    "busy_wait_for_local_rank_zero": _busy_wait,
+}
+
+COMPOSER_DELIBERATE: dict[str, str] = {
+    # Composer's needs Habana's HPU; the shim gathers on every device.
+    "all_gather_object_list_hpu": "ok",
+}
+
+
+def run_composer(workdir: str) -> dict[str, tuple[Any, Any]]:
+    """On every rank: each case through Composer's dist and through the shim."""
+    import torch.distributed as dist
+    from composer.utils import dist as owner
+
+    import unidist
+    from unidist.compat import composer as shim
+
+    rank = int(os.environ["RANK"])
+    results: dict[str, tuple[Any, Any]] = {}
+    for modules_cases in (COMPOSER_UNINITIALIZED, COMPOSER):
+        if modules_cases is COMPOSER and int(os.environ["WORLD_SIZE"]) > 1:
+            dist.init_process_group("gloo")
+        for name, case in modules_cases.items():
+            results[name] = (
+                outcome(case, owner, rank, os.path.join(workdir, "owner")),
+                outcome(case, shim, rank, os.path.join(workdir, "shim")),
+            )
+    if dist.is_initialized():
+        unidist.finalize()
+    return results
+
+
+def report_rank(local_rank: int, out: str, scale: int = 1) -> None:
+    """What a function run by ``Parallel``/``spawn`` sees, written to ``out/<rank>.json``."""
+    import json
+
+    import ignite.distributed as owner
+
+    import unidist.compat.ignite as shim
+
+    module = shim if "shim" in out else owner
+    rank = module.get_rank()
+    seen = {
+        "local_rank": local_rank,
+        "rank": rank,
+        "world": module.get_world_size(),
+        "backend": module.backend(),
+        "sum": module.all_reduce(scale * (rank + 1)),
+    }
+    Path(out, f"{rank}.json").write_text(json.dumps(seen))
