@@ -174,3 +174,44 @@ def test_a_failure_report_prints_a_folder_name_escaped(tmp_path: Path) -> None:
     assert "\x07" not in done.stderr + done.stdout
     folder = run_folder(logs)
     assert f"full logs: {shown(folder / 'rank0.stderr.log')}" in done.stderr
+
+
+# -- an exception of torch's agent before any rank starts ---------------------------------------
+
+
+class AgentBroke(Exception):
+    """What a faulty agent plugin raises (torch's own test mocks the agent the same way)."""
+
+
+def test_an_agent_error_before_any_rank_is_named_not_called_a_rendezvous_failure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    def broken(self: object, *args: object, **kwargs: object) -> None:
+        raise AgentBroke("the plugin could not open its socket")
+
+    monkeypatch.setattr(LocalElasticAgent, "run", broken)
+    code = main(["launch", "--standalone", "-n", "1", str(JOB)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "torch's elastic agent raised AgentBroke: the plugin could not open its socket" in err
+    assert "in broken before starting any rank" in err
+    assert "did not complete" not in err
+
+
+def test_a_rendezvous_timeout_before_any_rank_is_still_a_rendezvous_failure(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    def times_out(self: object, *args: object, **kwargs: object) -> None:
+        raise RendezvousTimeoutError("no other node came")
+
+    monkeypatch.setattr(LocalElasticAgent, "run", times_out)
+    code = main(["launch", "--standalone", "-n", "1", str(JOB)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "rendezvous at" in err
+    assert "did not complete: RendezvousTimeoutError: no other node came" in err

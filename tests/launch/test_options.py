@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import inspect
 import os
 import resource
 import socket
@@ -280,13 +281,40 @@ def test_a_mistyped_option_gets_launchs_usage_and_a_suggestion(
 
 def test_nproc_per_node_auto_means_what_torchrun_means(capsys: pytest.CaptureFixture[str]) -> None:
     import torch
+    from torch.distributed.run import determine_local_world_size
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     _, out, _ = run(capsys, "--dry-run", "--nproc-per-node", "auto", JOB)
-    torchrun_count = gpus or os.cpu_count()
-    assert f"processes      {torchrun_count} on this node" in out
+    assert f"processes      {determine_local_world_size('auto')} on this node" in out
     _, out, _ = run(capsys, "--dry-run", "-n", "auto", JOB)  # unidist's: one per GPU, else 1
     assert f"processes      {max(gpus, 1)} on this node" in out
+
+
+def test_nproc_per_node_auto_counts_the_accelerator_as_this_torchs_torchrun_does(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three XPUs, no CUDA: torchrun of torch >= 2.8 asks torch.accelerator (3 processes);
+    # torch 2.7's asks CUDA only (one per CPU core). unidist gives what the installed one does.
+    import torch
+    from torch.distributed.run import determine_local_world_size
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda: torch.device("xpu"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    expected = determine_local_world_size("auto")
+    asks_the_accelerator = "torch.accelerator" in inspect.getsource(determine_local_world_size)
+    assert expected == (3 if asks_the_accelerator else os.cpu_count())
+    _, out, _ = run(capsys, "--dry-run", "--nproc-per-node", "auto", JOB)
+    assert f"processes      {expected} on this node" in out
+
+
+def test_nproc_per_node_names_torchrun_refuses_are_refused_with_torchruns_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(capsys, "--dry-run", "--nproc-per-node", "unknown", JOB)
+    assert code == 2
+    assert "--nproc-per-node 'unknown': Unsupported nproc_per_node value" in err
 
 
 @pytest.mark.parametrize(

@@ -254,8 +254,9 @@ def _sizing(parser: argparse.ArgumentParser) -> None:
         *_both("--nproc-per-node"),
         dest="nproc_per_node",
         default=None,
-        help="torchrun's spelling, with torchrun's meaning: a number, 'auto' (one per GPU, else "
-        "one per CPU core), 'gpu', 'cpu', 'xpu'",
+        help="torchrun's spelling, counted by the installed torch's torchrun: a number, 'auto' "
+        "(one per device of the accelerator, CUDA only before torch 2.8, else one per CPU "
+        "core), 'gpu', 'cpu', 'xpu'",
     )
     add(
         "--nnodes",

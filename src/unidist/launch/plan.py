@@ -185,11 +185,13 @@ def _nproc(args: argparse.Namespace) -> tuple[int, str | None]:
         )
     torchrun = args.nproc_per_node is not None
     text = args.nproc_per_node if torchrun else (args.nproc or "1")
-    if text in ("auto", "gpu", "cpu", "xpu"):
-        return _device_count(text, torchrun)
+    if text in ("auto", "gpu", "cpu", "xpu") and not torchrun:
+        return _device_count(text)
     try:
         value = int(text)
     except ValueError:
+        if torchrun:  # any name torchrun counts (auto, cpu, gpu, xpu, a private backend)
+            return _torchrun_count(text)
         raise ConfigurationError(
             f"--nproc {text!r} is not a number. HINT: give a count like 2, or 'auto', 'gpu', 'cpu'."
         ) from None
@@ -200,13 +202,30 @@ def _nproc(args: argparse.Namespace) -> tuple[int, str | None]:
     return value, None
 
 
-def _device_count(kind: str, torchrun: bool) -> tuple[int, str]:
-    """``auto``/``gpu``/``cpu``/``xpu`` -> a count. ``auto`` falls back to 1 process for
-    ``-n`` and, as torchrun does, to one per CPU core for ``--nproc-per-node``."""
+def _torchrun_count(kind: str) -> tuple[int, str]:
+    """``--nproc-per-node NAME``: the count torchrun of the installed torch gives.
+
+    torch's own ``determine_local_world_size``: ``auto`` is every device of the current
+    accelerator on torch >= 2.8 (CUDA, XPU, ...), CUDA only before, else one per CPU core.
+    """
+    from torch.distributed.run import determine_local_world_size
+
+    try:
+        count = int(determine_local_world_size(kind))
+    except ValueError as exc:
+        raise ConfigurationError(
+            f"--nproc-per-node {kind!r}: {exc} (torchrun's check). HINT: give a number of "
+            "processes, or 'cpu' for one per CPU core."
+        ) from None
+    return count, f"{kind}: {count} process(es), as torchrun counts them"
+
+
+def _device_count(kind: str) -> tuple[int, str]:
+    """unidist's ``-n auto|gpu|cpu|xpu`` -> a count; ``auto`` is one per GPU, else 1 process."""
     import torch
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if kind == "cpu" or (kind == "auto" and not cuda and torchrun):
+    if kind == "cpu":
         count = os.cpu_count() or 1
         return count, f"{kind}: {count} CPU core(s) -> {count} process(es)"
     if kind == "xpu":

@@ -747,11 +747,40 @@ def _rendezvous_failed(plan: LaunchPlan, exc: BaseException) -> str:
     )
 
 
+def _from_rendezvous(exc: BaseException) -> bool:
+    """Whether ``exc`` is the rendezvous's (torch's rendezvous and store errors, timeouts)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    rendezvous = (RendezvousError, dist.DistError, TimeoutError, ConnectionError)
+    return isinstance(exc, rendezvous) or isinstance(exc.__cause__, rendezvous)
+
+
+def _agent_failed(plan: LaunchPlan, exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
+    return (
+        f"unidist launch: torch's elastic agent raised {type(exc).__name__}: {exc}{where} "
+        f"before starting any rank (after the {plan.rdzv.backend} rendezvous began at "
+        f"{plan.rdzv.endpoint}; not a rendezvous error).\n"
+        "HINT: the traceback's last frame says which part of the agent failed; a rendezvous "
+        "or agent plugin (--rdzv-backend, --logs-specs) is the usual cause.\n"
+    )
+
+
 def _raise_rendezvous_error(job: Run, exc: BaseException) -> None:
     """A LaunchError in place of ``exc`` when the rendezvous is what failed (else nothing)."""
     if job.current is None:
-        # Nothing started: the rendezvous (or the agent's set-up) failed; say where and why.
-        raise LaunchError(_rendezvous_failed(job.plan, exc), exit_code=1, culprit=None) from None
+        # Nothing started: the rendezvous failed, or something else in torch's agent's set-up
+        # (a plugin, a file, a bug) did; say which, where and why.
+        message = (
+            _rendezvous_failed(job.plan, exc)
+            if _from_rendezvous(exc)
+            else _agent_failed(job.plan, exc)
+        )
+        raise LaunchError(message, exit_code=1, culprit=None) from None
     if _store_lost(exc):
         # The ranks ran; then the rendezvous store went away (its host left): torch's agent
         # stopped this node's ranks and raised from its next look at the store.
