@@ -103,10 +103,38 @@ def effective_reading() -> EnvReading:
     session = _session
     if session is not None:
         return session.env
-    reading = env_reading()
+    try:
+        reading = env_reading()
+    except TopologyError as exc:
+        if not torch_group_is_live():
+            raise
+        # WORLD_SIZE without RANK (Ignite's tests start their groups so, rank given to
+        # init_process_group): the live group knows the rank the variables left out.
+        return _live_group_instead(exc)
     if torch_group_is_live():
         return check_against_live_group(reading)
     return reading
+
+
+def _live_group_instead(exc: TopologyError) -> EnvReading:
+    """The live group's rank and world size, when the variables' only fault is a missing RANK
+    and their WORLD_SIZE agrees with the group; ``exc`` otherwise."""
+    import torch.distributed as dist
+
+    given = _env.chosen(("RANK", "WORLD_SIZE"))
+    world = given.get("WORLD_SIZE")
+    if "RANK" in given or world != str(dist.get_world_size()):
+        raise exc
+    return _env.EnvReading(
+        launcher="none",
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=None,
+        local_world_size=None,
+        node_rank=None,
+        num_nodes=None,
+        notes=(f"rank from the live process group (WORLD_SIZE={world} is set, RANK is not)",),
+    )
 
 
 def check_against_live_group(reading: EnvReading) -> EnvReading:

@@ -119,7 +119,12 @@ def _start(
 ) -> Session:
     """Start (or adopt) the process group and build the whole session, without publishing it."""
     settings = _env.read_settings()
-    reading = _env.read()
+    try:
+        reading = _env.read()
+    except TopologyError:
+        if not _state.torch_group_is_live():
+            raise
+        reading = _state.effective_reading()  # the live group fills a missing RANK, or raises
     if timeout is not None:
         seconds = _env.timeout_seconds(timeout)
     else:

@@ -107,3 +107,30 @@ def test_the_shims_import_neither_framework() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def ignites_test_context(_: object = None) -> tuple[int, int, list[list[int]], float]:
+    """Ignite's own test fixture's set-up: WORLD_SIZE set, RANK not, the rank given to torch."""
+    import os
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", rank=int(os.environ["LOCAL_RANK"]), world_size=2)
+    try:
+        loader = idist.auto_dataloader(list(range(8)), batch_size=4, shuffle=False)
+        return (
+            idist.get_rank(),
+            idist.get_world_size(),
+            [b.tolist() for b in loader],
+            idist.all_reduce(1.5),
+        )
+    finally:
+        idist.finalize()
+
+
+@pytest.mark.multiprocess
+def test_world_size_without_rank_takes_the_rank_from_the_live_group() -> None:
+    from unidist.testing import run_distributed
+
+    results = run_distributed(ignites_test_context, init=False, env={"RANK": None})
+    assert results == [(0, 2, [[0, 2], [4, 6]], 3.0), (1, 2, [[1, 3], [5, 7]], 3.0)]

@@ -39,3 +39,32 @@ def test_a_job_whose_rank_fails_raises_child_failed_error_naming_it(tmp_path: Pa
 def test_a_job_that_succeeds_returns_none(tmp_path: Path) -> None:
     args = ["--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path), JOB, "ok"]
     assert torchrun.main(args) is None
+
+
+def test_an_agent_error_raised_in_python_does_not_keep_the_rendezvous_store_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A caller that keeps the error must not keep torch's agent and its TCPStore (with its
+    # server thread) alive: a process forked meanwhile aborted when it collected them.
+    import torch.distributed as dist
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous.api import RendezvousHandler
+
+    from unidist import LaunchError
+
+    def broken(self: object, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the agent broke")
+
+    monkeypatch.setattr(LocalElasticAgent, "run", broken)
+    with pytest.raises(LaunchError, match="the agent broke") as raised:
+        torchrun.main(["--standalone", "--nproc-per-node", "1", JOB, "ok"])
+    kept = []
+    tb = raised.value.__context__.__traceback__ if raised.value.__context__ else None
+    while tb is not None:
+        kept += [
+            name
+            for name, value in tb.tb_frame.f_locals.items()
+            if isinstance(value, dist.Store | RendezvousHandler | LocalElasticAgent)
+        ]
+        tb = tb.tb_next
+    assert kept == []

@@ -41,9 +41,19 @@ def as_group(group: object, what: str, *, lists: bool) -> Group | list[int] | No
             _FROM_RANKS[key] = unidist.new_group(group)
         made: Group = _FROM_RANKS[key]
         return made
+    kept = _FROM_TORCH.get(id(group))
+    if kept is not None and kept[0] is group:
+        return kept[1]
     if isinstance(group, dist.ProcessGroup):
         return _from_torch(group, what)
     raise _refuse(group, what, lists)
+
+
+def remember(group: Group) -> Any:
+    """``group``'s torch handle, to give out where the owner gives a ProcessGroup; ``group=``
+    turns it back into ``group`` (a non-member's handle is torch's non-member sentinel)."""
+    _FROM_TORCH[id(group.handle)] = (group.handle, group)
+    return group.handle
 
 
 def _from_torch(group: Any, what: str) -> Group:
@@ -64,9 +74,8 @@ def _from_torch(group: Any, what: str) -> Group:
 
 
 def _refuse(group: object, what: str, lists: bool) -> ValueError:
-    takes = "a list of int ranks, a torch ProcessGroup" if lists else "a torch ProcessGroup"
+    takes = "list of int or ProcessGroup" if lists else "a torch ProcessGroup"
     return ValueError(
-        f"Argument group should be {takes} or a unidist Group, got {type(group)}, "
-        f"group={group!r:.80} (in {what}). HINT: group=unidist.new_group(ranks), built on "
-        "every rank."
+        f"Argument group should be {takes}, got {type(group)}, group={group!r:.80} (in {what}; "
+        "a unidist Group works too). HINT: group=unidist.new_group(ranks), built on every rank."
     )

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 import unidist
-from unidist.compat._groups import as_group
+from unidist.compat._groups import as_group, remember
 from unidist.groups import Group
 
 __all__ = [
@@ -170,7 +170,12 @@ def model_name() -> str:
 
 
 def show_config() -> None:
-    """Log the configuration at INFO, line by line, as Ignite does."""
+    """Log the configuration at INFO, line by line, as Ignite does.
+
+    Through Ignite's logger name and line format (``ignite.distributed.utils INFO: rank: 0``,
+    to stderr), so whatever reads Ignite's lines keeps reading them.
+    """
+    log = _ignites_logger("ignite.distributed.utils")
     for key, value in (
         ("distributed configuration", model_name()),
         ("backend", backend()),
@@ -183,7 +188,20 @@ def show_config() -> None:
         ("num nodes", get_nnodes()),
         ("node rank", get_node_rank()),
     ):
-        logger.info("%s: %s", key, value)
+        log.info("%s: %s", key, value)
+
+
+def _ignites_logger(name: str) -> logging.Logger:
+    """Ignite's ``setup_logger(name)``: INFO to stderr as ``time name LEVEL: message``."""
+    log = logging.getLogger(name)
+    if not any(getattr(h, "_unidist_compat", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s"))
+        handler._unidist_compat = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+        log.propagate = False
+    log.setLevel(logging.INFO)
+    return log
 
 
 def set_local_rank(index: int) -> None:
@@ -308,6 +326,35 @@ def spawn(
     )
 
 
+def _check_spawn(
+    nproc_per_node: int,
+    nnodes: int | None,
+    node_rank: int | None,
+    master_addr: str | None,
+    master_port: int | None,
+    init_method: str | None,
+) -> None:
+    """Ignite's checks of ``Parallel``'s spawn parameters (its ValueErrors, in its order)."""
+    if nproc_per_node < 1:
+        raise ValueError(f"Argument nproc_per_node should positive, but given {nproc_per_node}")
+    nodes = 1 if nnodes is None else nnodes
+    if nodes < 1:
+        raise ValueError(f"Argument nnodes should positive, but given {nodes}")
+    if node_rank is None and nodes > 1:
+        raise ValueError("If number of nodes larger than one, arguments node_rank should be given")
+    here = 0 if node_rank is None else node_rank
+    if not 0 <= here < nodes:
+        raise ValueError(
+            f"Argument node_rank should be between 0 and {nodes - 1}, but given {node_rank}"
+        )
+    if nodes > 1 and (master_addr is None or master_port is None) and init_method is None:
+        raise ValueError(
+            "If number of nodes larger than one, arguments master_addr and master_port or "
+            f"init_method should be specified, but given master_addr={master_addr}, "
+            f"master_port={master_port} and init_method={init_method}."
+        )
+
+
 class Parallel:
     """Ignite's ``Parallel``: run a function in a distributed context, spawning or not.
 
@@ -347,11 +394,12 @@ class Parallel:
             )
         if init_method is not None and init_method.startswith("tcp://"):
             raise ValueError(
-                f"TCP initialization via init_method='{init_method}' will hang (as in Ignite). "
-                "HINT: set MASTER_ADDR and MASTER_PORT and use 'env://' (or omit init_method)."
+                f"TCP initialization via init_method='{init_method}' will hang. To fix this, "
+                "please configure MASTER_ADDR and MASTER_PORT in the environment and use "
+                "'env://' (or omit init_method)."
             )
-        if nproc_per_node is not None and nproc_per_node < 1:
-            raise ValueError(f"Argument nproc_per_node should positive, but given {nproc_per_node}")
+        if backend is not None and nproc_per_node is not None:
+            _check_spawn(nproc_per_node, nnodes, node_rank, master_addr, master_port, init_method)
         self.backend = backend
         self.init_method = init_method
         self._spawn: dict[str, Any] | None = None
@@ -578,7 +626,8 @@ def new_group(ranks: list[int], **kwargs: Any) -> Any:
         )
     if _serial():
         return ranks
-    return unidist.new_group(ranks)
+    # Ignite gives torch's ProcessGroup (with its .rank() and .size()); group= takes it back.
+    return remember(unidist.new_group(ranks))
 
 
 def one_rank_only(rank: int = 0, with_barrier: bool = False) -> Callable[..., Any]:

@@ -772,6 +772,14 @@ def _agent_failed(plan: LaunchPlan, exc: BaseException) -> str:
 
 def _raise_rendezvous_error(job: Run, exc: BaseException) -> None:
     """A LaunchError in place of ``exc`` when the rendezvous is what failed (else nothing)."""
+    if job.current is None or _store_lost(exc):
+        # The message says what ``exc`` said; its frames would keep torch's agent and the
+        # rendezvous store it hosts (a TCPStore and its server thread) alive for as long as
+        # a caller in Python keeps the LaunchError, and a process forked meanwhile would
+        # abort when it collects them ("terminate called ... std::system_error").
+        import traceback
+
+        traceback.clear_frames(exc.__traceback__)
     if job.current is None:
         # Nothing started: the rendezvous failed, or something else in torch's agent's set-up
         # (a plugin, a file, a bug) did; say which, where and why.
