@@ -73,6 +73,39 @@ def finish() -> None:
         sampler.stop(done=True)
 
 
+def failed(exc: BaseException) -> None:
+    """The script ended with ``exc``: record where it stood when it raised, and stop sampling.
+
+    A rank whose collective fails the moment a peer's sockets close (gloo) may never have
+    been sampled inside it; the exception's own frames say which collective it was in, so the
+    launcher's report can name it ("rank 0 still waited for it in all_reduce #6").
+    """
+    global _current
+    sampler, _current = _current, None
+    if sampler is None:
+        return
+    sampler.stop()
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return
+    with contextlib.suppress(Exception):  # the record is best effort; the error file is not
+        state, op, user, where, _ = classify(tb.tb_frame, sampler._places)
+        if state is State.COLLECTIVE:
+            world, total = _sequences()
+            sampler.writer.values.update(
+                state=int(state),
+                op=op,
+                frame=user,
+                where=where,
+                beat=time.monotonic_ns(),
+                world_seq=world or sampler.writer.values["world_seq"],
+                all_seq=total or sampler.writer.values["all_seq"],
+            )
+            sampler.writer.flush()
+
+
 class _Places:
     """Where code lives: torch's and unidist's folders, the standard library, site-packages."""
 

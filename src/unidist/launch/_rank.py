@@ -400,6 +400,9 @@ def record_error(exc: BaseException) -> None:
     A script's ``@record`` (torch's) may have written the file a moment before, with the same
     exception; this replaces it with the same content plus unidist's classification.
     """
+    from unidist._progress import sampler
+
+    sampler.failed(exc)
     records.write_error(
         _identity(), exc, classify(exc), "".join(traceback.format_exception(exc))[-6000:]
     )

@@ -194,6 +194,13 @@ class HangWatch:
         )
         return not every_rank_done and self.deadline.expired(now)
 
+    def refresh(self, start: Start) -> None:
+        """Read this node's records again (their last word, once the ranks have ended)."""
+        for slot in start.slots.values():
+            snap = record.read(self.path(start.index, slot.rank))
+            if snap is not None:
+                self.snapshots[slot.rank] = snap
+
     def progress_count(self) -> int:
         """This node's progress as one number that only grows (for the relay)."""
         return sum(sum(s.progress) for s in self.snapshots.values())

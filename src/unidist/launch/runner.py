@@ -373,6 +373,8 @@ class _Watchdog(threading.Thread):
 
     def progress(self) -> dict[int, tuple[int, str, int]]:
         """Each rank's last progress: (steps, the collective it was in, its sequence number)."""
+        if self.run_.current is not None:
+            self.hang.refresh(self.run_.current)
         return {
             rank: (snap.steps, snap.op if snap.state is State.COLLECTIVE else "", snap.world_seq)
             for rank, snap in self.hang.snapshots.items()
