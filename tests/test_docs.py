@@ -268,6 +268,7 @@ def test_every_row_of_the_composer_page_has_a_parity_test() -> None:
     assert rows - tested == set(), "rows of docs/migration/composer.md without a case"
 
 
+@pytest.mark.ignite
 def test_the_shims_give_every_name_of_their_owners() -> None:
     import ignite.distributed as idist
 

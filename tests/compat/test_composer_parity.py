@@ -15,7 +15,7 @@ import pytest
 from tests.compat import _cases
 from unidist.testing import run_distributed
 
-pytest.importorskip("composer.utils.dist")
+pytestmark = pytest.mark.composer
 
 NAMES = [*_cases.COMPOSER_UNINITIALIZED, *_cases.COMPOSER]
 PAIRS = [(world, name) for world in (1, 2) for name in NAMES]

@@ -19,7 +19,7 @@ from tests.compat import _cases
 from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.testing import run_distributed
 
-pytest.importorskip("ignite.distributed")
+pytestmark = pytest.mark.ignite
 
 PAIRS = [(1, name) for name in {**_cases.IGNITE, **_cases.IGNITE_ONE_PROCESS}] + [
     (2, name) for name in _cases.IGNITE
