@@ -226,6 +226,18 @@ def deliberate(expected: str, shim: Any) -> bool:
     return shim[0] == "ok" if expected == "ok" else shim[:2] == ("error", expected)
 
 
+def assert_same(per_rank: list[dict[str, Any]], name: str, chosen: dict[str, str]) -> None:
+    """The shim did what the owner did on every rank, or what ``chosen`` documents."""
+    for rank, results in enumerate(per_rank):
+        owner, shim = results[name]
+        if name in chosen:
+            assert deliberate(chosen[name], shim), shim
+            continue
+        assert shim == owner, (
+            f"rank {rank} of {len(per_rank)}: the owner gave {owner}, the shim {shim}"
+        )
+
+
 def _initialize_and_finalize(m: Any, r: int, w: str) -> Any:
     m.initialize("gloo")
     seen = (m.backend(), m.model_name(), m.get_world_size())

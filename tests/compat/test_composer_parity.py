@@ -37,12 +37,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[st
 def test_the_shim_does_what_composer_does(
     outcomes: dict[int, list[dict[str, Any]]], world: int, name: str
 ) -> None:
-    for rank, results in enumerate(outcomes[world]):
-        owner, shim = results[name]
-        if name in _cases.COMPOSER_DELIBERATE:
-            assert _cases.deliberate(_cases.COMPOSER_DELIBERATE[name], shim), shim
-            continue
-        assert shim == owner, f"rank {rank} of {world}: Composer gave {owner}, the shim {shim}"
+    _cases.assert_same(outcomes[world], name, _cases.COMPOSER_DELIBERATE)
 
 
 def test_deliberate_differences_are_real_differences(

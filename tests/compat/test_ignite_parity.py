@@ -42,12 +42,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[dict[st
 def test_the_shim_does_what_ignite_does(
     outcomes: dict[int, list[dict[str, Any]]], world: int, name: str
 ) -> None:
-    for rank, results in enumerate(outcomes[world]):
-        owner, shim = results[name]
-        if name in _cases.IGNITE_DELIBERATE:
-            assert _cases.deliberate(_cases.IGNITE_DELIBERATE[name], shim), shim
-            continue
-        assert shim == owner, f"rank {rank} of {world}: Ignite gave {owner}, the shim {shim}"
+    _cases.assert_same(outcomes[world], name, _cases.IGNITE_DELIBERATE)
 
 
 def test_deliberate_differences_are_real_differences(

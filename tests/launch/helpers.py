@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SCRIPTS = Path(__file__).parents[1] / "scripts"
 JOB = str(SCRIPTS / "job.py")
@@ -41,6 +42,19 @@ def launch(
         env={**os.environ, **(env or {})},
         preexec_fn=bound if limits else None,
     )
+
+
+def run_in_process(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """``unidist launch ARGS`` in this process: (exit code, stdout, stderr); argparse's exits
+    count as codes."""
+    from unidist.cli import main
+
+    try:
+        code = main(["launch", *args])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def start_launch(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:

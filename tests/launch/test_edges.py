@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import JOB, launch, run_folder
+from tests.launch.helpers import JOB, launch, run_folder, run_in_process
 from unidist.cli import main
 from unidist.launch.printing import shown
 from unidist.launch.rendezvous import keep_alive
@@ -21,12 +21,7 @@ ESCAPE = "\x1b]0;retitled\x07"  # what would retitle the terminal if printed raw
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(["launch", *args])
-    except SystemExit as exc:  # argparse's errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_in_process(capsys, *args)
 
 
 def _one_line(err: str) -> str:

@@ -15,18 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import JOB, free_port, launch
-from unidist.cli import main
+from tests.launch.helpers import JOB, free_port, launch, run_in_process
 from unidist.launch.options import REFUSED
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(["launch", *args])
-    except SystemExit as exc:  # argparse's errors
-        code = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_in_process(capsys, *args)
 
 
 @pytest.mark.parametrize(

@@ -57,9 +57,6 @@ def remember(group: Group) -> Any:
 
 
 def _from_torch(group: Any, what: str) -> Group:
-    kept = _FROM_TORCH.get(id(group))
-    if kept is not None and kept[0] is group:
-        return kept[1]
     backend = dist.get_backend(group)
     if backend != "gloo":
         raise ValueError(

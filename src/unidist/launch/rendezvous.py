@@ -52,17 +52,8 @@ _KNOWN_KEYS = {
 }
 #: How torch reads each of those keys: whole seconds and counts (``int(value)``; the timeouts
 #: must be positive), booleans (``1/true/t/yes/y`` or ``0/false/f/no/n``), a store type.
-_WHOLE_NUMBERS = (
-    "join_timeout",
-    "last_call_timeout",
-    "close_timeout",
-    "heartbeat_timeout",
-    "keep_alive_interval",
-    "keep_alive_max_attempt",
-    "read_timeout",
-    "timeout",
-)
 _BOOLEANS = ("is_host", "use_libuv")
+_WHOLE_NUMBERS = tuple(k for k in _KNOWN_KEYS["c10d"] if k not in (*_BOOLEANS, "store_type"))
 _TRUE_FALSE = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
 _STORE_TYPES = ("tcp", "file")
 
