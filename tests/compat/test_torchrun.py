@@ -41,11 +41,17 @@ def test_a_job_that_succeeds_returns_none(tmp_path: Path) -> None:
     assert torchrun.main(args) is None
 
 
-def test_an_agent_error_raised_in_python_does_not_keep_the_rendezvous_store_alive(
+class AgentBroke(Exception):
+    pass
+
+
+def test_an_agent_error_is_re_raised_as_torchrun_does_without_keeping_the_store_alive(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A caller that keeps the error must not keep torch's agent and its TCPStore (with its
-    # server thread) alive: a process forked meanwhile aborted when it collected them.
+    # torchrun re-raises what its agent raised (torch's test_run.py checks it with a mock
+    # of LocalElasticAgent.run). A caller that keeps the error must not keep torch's agent and
+    # its TCPStore (with its server thread) alive: a process forked meanwhile aborted when it
+    # collected them.
     import torch.distributed as dist
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.rendezvous.api import RendezvousHandler
@@ -53,13 +59,16 @@ def test_an_agent_error_raised_in_python_does_not_keep_the_rendezvous_store_aliv
     from unidist import LaunchError
 
     def broken(self: object, *args: object, **kwargs: object) -> None:
-        raise RuntimeError("the agent broke")
+        raise AgentBroke("the agent broke")
 
     monkeypatch.setattr(LocalElasticAgent, "run", broken)
-    with pytest.raises(LaunchError, match="the agent broke") as raised:
+    with pytest.raises(AgentBroke, match="the agent broke") as raised:
         torchrun.main(["--standalone", "--nproc-per-node", "1", JOB, "ok"])
+    report = raised.value.__context__
+    assert isinstance(report, LaunchError)
+    assert "torch's elastic agent raised AgentBroke: the agent broke" in report.report
     kept = []
-    tb = raised.value.__context__.__traceback__ if raised.value.__context__ else None
+    tb = raised.value.__traceback__
     while tb is not None:
         kept += [
             name

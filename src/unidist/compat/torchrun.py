@@ -10,8 +10,9 @@ message and hint); argparse's own errors exit 2 as torchrun's do; a job whose ra
 raises torch's ``ChildFailedError`` after unidist's failure report is printed. The job itself
 is unidist launch's: per-rank logs, culprit and hang reports, the same options.
 
-One difference stays, loudly: an exception of torch's agent before any rank started comes
-out as unidist's ``LaunchError`` naming it (and its last frame), not as the exception itself.
+An exception of torch's agent before any rank started is re-raised as torchrun re-raises it
+(``unidist launch`` reports it as a ``LaunchError`` naming it, which stays its context); a
+rendezvous that never completed is unidist's ``LaunchError``, whose message says why.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ import gc
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from unidist.errors import LaunchError
+
+if TYPE_CHECKING:
+    from unidist.launch.plan import LaunchPlan
+    from unidist.launch.report import Report
 
 __all__ = ["get_args_parser", "main", "parse_args", "run"]
 
@@ -46,7 +54,8 @@ def run(args: argparse.Namespace) -> None:
     Raises:
         ValueError: options torchrun or unidist refuse (``unidist.ConfigurationError``).
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ranks failed.
-        unidist.LaunchError: the job could not start (the rendezvous, torch's agent).
+        unidist.LaunchError: the rendezvous did not complete, or its store was lost.
+        Exception: what torch's agent raised before any rank started, as torchrun re-raises it.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
@@ -59,16 +68,16 @@ def run(args: argparse.Namespace) -> None:
         print(describe(plan), end="")
         return
     program, argv = runner.script_command(plan)
-    with warnings.catch_warnings():
-        # torch's agent opens each rank's log files (SubprocessHandler) and closes them only
-        # when it kills the rank, so the files of ranks that exited by themselves are left to
-        # the garbage collector, with a ResourceWarning each; the command line never sees it
-        # (it leaves with os._exit), a caller in Python would. Closed here, quietly.
-        warnings.simplefilter("ignore", ResourceWarning)
-        report, _, _ = runner.run(
-            plan, program, argv, verbose=bool(getattr(args, "verbose", False))
-        )
-        gc.collect()
+    try:
+        report = _run(plan, program, argv, verbose=bool(getattr(args, "verbose", False)))
+    except LaunchError as exc:
+        agent_error = exc.__cause__
+        if agent_error is None:
+            raise  # the rendezvous, or its store lost: unidist's message says which
+        # torchrun's launcher re-raises what torch's agent raised (torch's test_run.py
+        # test_launch_elastic_agent_raise_exception); unidist's report stays its context.
+        exc.__cause__ = None
+        raise agent_error  # noqa: B904 (the LaunchError is the context, on purpose)
     summary = report.format()
     if summary:
         print(summary, file=sys.stderr, end="")
@@ -89,6 +98,22 @@ def run(args: argparse.Namespace) -> None:
             0: ProcessFailure(local_rank=0, pid=0, exitcode=report.exit_code, error_file="")
         }
     raise ChildFailedError(name=str(args.target), failures=failures)
+
+
+def _run(plan: LaunchPlan, program: str, argv: list[str], *, verbose: bool) -> Report:
+    from unidist.launch import runner
+
+    with warnings.catch_warnings():
+        # torch's agent opens each rank's log files (SubprocessHandler) and closes them only
+        # when it kills the rank, so the files of ranks that exited by themselves are left to
+        # the garbage collector, with a ResourceWarning each; the command line never sees it
+        # (it leaves with os._exit), a caller in Python would. Closed here, quietly.
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            report, _, _ = runner.run(plan, program, argv, verbose=verbose)
+        finally:
+            gc.collect()
+    return report
 
 
 def main(args: Sequence[str] | None = None) -> None:

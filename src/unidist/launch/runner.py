@@ -785,12 +785,14 @@ def _raise_rendezvous_error(job: Run, exc: BaseException) -> None:
     if job.current is None:
         # Nothing started: the rendezvous failed, or something else in torch's agent's set-up
         # (a plugin, a file, a bug) did; say which, where and why.
-        message = (
-            _rendezvous_failed(job.plan, exc)
-            if _from_rendezvous(exc)
-            else _agent_failed(job.plan, exc)
-        )
-        raise LaunchError(message, exit_code=1, culprit=None) from None
+        if _from_rendezvous(exc):
+            raise LaunchError(
+                _rendezvous_failed(job.plan, exc), exit_code=1, culprit=None
+            ) from None
+        # The agent's own exception stays the cause (its frames cleared above), so that code
+        # that drives the launcher from Python (unidist.compat.torchrun) can raise it as
+        # torchrun does.
+        raise LaunchError(_agent_failed(job.plan, exc), exit_code=1, culprit=None) from exc
     if _store_lost(exc):
         # The ranks ran; then the rendezvous store went away (its host left): torch's agent
         # stopped this node's ranks and raised from its next look at the store.
