@@ -50,10 +50,10 @@ from unidist._resume.remote import Url, is_url, redact, secrets_of
 from unidist._resume.staged import Staged
 from unidist._resume.stopping import StopSignals, StopVote, default_stop_signals
 from unidist._resume.store import Folder
-from unidist._sampling.passes import STATE_FORMAT as SAMPLER_FORMAT
 from unidist._sampling.passes import check_flag, check_int
 from unidist.collectives import all_reduce
 from unidist.errors import CheckpointError, ConfigurationError, DistributedTimeoutError
+from unidist.samplers import DistributedSampler
 from unidist.sync import barrier
 
 __all__ = ["ResumableState"]
@@ -702,7 +702,7 @@ def _check_json(progress: dict[str, Any]) -> None:
 def _epoch_of(data: Any, epoch: int, where: Path) -> int:
     """The epoch to go on with: the data position's own when it is a unidist sampler's."""
     sampler = data.get("sampler", data) if isinstance(data, Mapping) else None
-    if isinstance(sampler, Mapping) and sampler.get("format") == SAMPLER_FORMAT:
+    if DistributedSampler.saved_epoch(sampler) is not None:  # the sampler's state_dict()
         return records.count(sampler, "epoch", where, label="loader.sampler.epoch")
     return epoch
 

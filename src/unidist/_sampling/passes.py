@@ -373,6 +373,14 @@ class PassSampler(_TorchDistributedSampler[int]):
             "world_size": self.num_replicas,
         }
 
+    @staticmethod
+    def saved_epoch(state: object) -> object | None:
+        """The ``"epoch"`` of ``state`` when it is what :meth:`state_dict` returns (recognised
+        by its format tag), else None. The value is as saved: check it before use."""
+        if isinstance(state, Mapping) and state.get("format") == STATE_FORMAT:
+            return state.get("epoch")
+        return None
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from a :meth:`state_dict`, on this or any other number of ranks.
 
