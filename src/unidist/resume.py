@@ -702,7 +702,7 @@ def _check_json(progress: dict[str, Any]) -> None:
 def _epoch_of(data: Any, epoch: int, where: Path) -> int:
     """The epoch to go on with: the data position's own when it is a unidist sampler's."""
     sampler = data.get("sampler", data) if isinstance(data, Mapping) else None
-    if DistributedSampler.saved_epoch(sampler) is not None:  # the sampler's state_dict()
+    if isinstance(sampler, Mapping) and DistributedSampler.saved_epoch(sampler) is not None:
         return records.count(sampler, "epoch", where, label="loader.sampler.epoch")
     return epoch
 

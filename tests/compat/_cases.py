@@ -436,3 +436,194 @@ def report_rank(local_rank: int, out: str, scale: int = 1) -> None:
         "sum": module.all_reduce(scale * (rank + 1)),
     }
     Path(out, f"{rank}.json").write_text(json.dumps(seen))
+
+
+# -- torch.distributed -------------------------------------------------------------------------
+#
+# unidist's functions are not torch's spellings (docs/migration/torch.md says how each differs):
+# a case is a pair, torch's call and unidist's, on the same inputs; the two runs (one started
+# by ``dist.init_process_group``, one by ``unidist.initialize``) must give the same outcomes.
+
+TorchCase = tuple[Callable[[int, int], Any], Callable[[int, int], Any]]
+
+
+def _dist() -> Any:
+    import torch.distributed as dist
+
+    return dist
+
+
+def _unidist() -> Any:
+    import unidist
+
+    return unidist
+
+
+def _torch_reduce(r: int, op: str) -> Any:
+    dist = _dist()
+    tensor = torch.tensor([float(r + 1), 5.0 - r])
+    if op == "mean":  # gloo has no ReduceOp.AVG: torch's users divide a sum
+        dist.all_reduce(tensor)
+        return tensor / dist.get_world_size()
+    dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op.upper()))
+    return tensor
+
+
+def _unidist_reduce(r: int, op: str) -> Any:
+    tensor = torch.tensor([float(r + 1), 5.0 - r])
+    returned = _unidist().all_reduce(tensor, op)
+    assert returned is tensor  # in place and returned, as the row says
+    return tensor
+
+
+def _torch_gather(r: int, w: int) -> Any:
+    tensor = torch.tensor([r, r * 10])
+    gathered = [torch.empty_like(tensor) for _ in range(w)]
+    _dist().all_gather(gathered, tensor)
+    return gathered
+
+
+def _torch_gather_objects(r: int, w: int) -> Any:
+    gathered: list[Any] = [None] * w
+    _dist().all_gather_object(gathered, {"rank": r, "name": f"r{r}"})
+    return gathered
+
+
+def _torch_object_list(r: int) -> Any:
+    objects: list[Any] = [{"from": r, "items": [r] * 3}]
+    _dist().broadcast_object_list(objects, src=0)
+    return objects[0]
+
+
+def _torch_broadcast(r: int, w: int) -> Any:
+    tensor = torch.tensor([float(r)] * 3)
+    _dist().broadcast(tensor, src=w - 1)
+    return tensor
+
+
+def _torch_group_reduce(r: int, w: int) -> Any:
+    dist = _dist()
+    group = dist.new_group(list(range(w)))
+    tensor = torch.tensor([r + 1])
+    dist.all_reduce(tensor, group=group)
+    return tensor, dist.get_world_size(group)
+
+
+def _unidist_group_reduce(r: int, w: int) -> Any:
+    unidist = _unidist()
+    group = unidist.new_group(list(range(w)))
+    return unidist.all_reduce(torch.tensor([r + 1]), group=group), group.size
+
+
+def _torch_number(r: int) -> Any:
+    tensor = torch.tensor(r + 1)
+    _dist().all_reduce(tensor)
+    return int(tensor.item())
+
+
+TORCH: dict[str, TorchCase] = {
+    "is_available": (
+        lambda r, w: _dist().is_available(),
+        lambda r, w: "gloo" in _unidist().available_backends(),
+    ),
+    "is_initialized": (
+        lambda r, w: _dist().is_initialized(),
+        lambda r, w: _unidist().is_initialized(),
+    ),
+    "get_backend": (lambda r, w: _dist().get_backend(), lambda r, w: _unidist().backend()),
+    "get_rank": (lambda r, w: _dist().get_rank(), lambda r, w: _unidist().get_rank()),
+    "get_world_size": (
+        lambda r, w: _dist().get_world_size(),
+        lambda r, w: _unidist().get_world_size(),
+    ),
+    "barrier": (lambda r, w: _dist().barrier(), lambda r, w: _unidist().barrier()),
+    "all_reduce/sum": (
+        lambda r, w: _torch_reduce(r, "sum"),
+        lambda r, w: _unidist_reduce(r, "sum"),
+    ),
+    "all_reduce/max": (
+        lambda r, w: _torch_reduce(r, "max"),
+        lambda r, w: _unidist_reduce(r, "MAX"),
+    ),
+    "all_reduce/product": (
+        lambda r, w: _torch_reduce(r, "product"),
+        lambda r, w: _unidist_reduce(r, "product"),
+    ),
+    "all_reduce/mean": (
+        lambda r, w: _torch_reduce(r, "mean"),
+        lambda r, w: _unidist_reduce(r, "mean"),
+    ),
+    "all_reduce/number": (lambda r, w: _torch_number(r), lambda r, w: _unidist().all_reduce(r + 1)),
+    "broadcast": (
+        _torch_broadcast,
+        lambda r, w: _unidist().broadcast(torch.tensor([float(r)] * 3), src=w - 1),
+    ),
+    "all_gather": (_torch_gather, lambda r, w: _unidist().all_gather(torch.tensor([r, r * 10]))),
+    "all_gather_object": (
+        _torch_gather_objects,
+        lambda r, w: _unidist().all_gather_object({"rank": r, "name": f"r{r}"}),
+    ),
+    "broadcast_object_list": (
+        lambda r, w: _torch_object_list(r),
+        lambda r, w: _unidist().broadcast_object({"from": r, "items": [r] * 3}, src=0),
+    ),
+    "new_group": (_torch_group_reduce, _unidist_group_reduce),
+}
+
+#: What unidist refuses where torch's spelling would be carried over by a rename (the rows say
+#: so): the call, and the error's type.
+TORCH_REFUSED: dict[str, tuple[Callable[[int, int], Any], str]] = {
+    "init_process_group/init_method": (
+        lambda r, w: _unidist().initialize("gloo", init_method="env://"),
+        "TypeError",
+    ),
+    "init_process_group/world_size": (
+        lambda r, w: _unidist().initialize("gloo", world_size=w),
+        "TypeError",
+    ),
+    "all_reduce/reduce-op": (
+        lambda r, w: _unidist().all_reduce(torch.ones(1), op=_dist().ReduceOp.SUM),
+        "ConfigurationError",
+    ),
+    "all_gather/list-to-fill": (
+        lambda r, w: _unidist().all_gather([torch.ones(1)] * w, torch.ones(1)),
+        "TypeError",
+    ),
+    "barrier/group-first": (
+        lambda r, w: _unidist().barrier(_unidist().new_group(list(range(w)))),
+        "ConfigurationError",
+    ),
+    "new_group/no-ranks": (lambda r, w: _unidist().new_group(), "TypeError"),
+}
+
+
+def run_torch(workdir: str, starter: str) -> dict[str, Any]:
+    """On every rank: start the world with ``starter``'s call (``"torch"``:
+    ``dist.init_process_group``, ``"unidist"``: ``unidist.initialize``), run that side of every
+    case, end with its call; the outcomes by case name."""
+    from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+
+    dist = _dist()
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    side = 0 if starter == "torch" else 1
+    results: dict[str, Any] = {}
+    if starter == "torch":
+        dist.init_process_group("gloo")
+    else:
+        _unidist().initialize("gloo")
+    results["init_process_group"] = (dist.get_rank(), dist.get_world_size(), dist.get_backend())
+    for name, pair in TORCH.items():
+        results[name] = outcome(
+            lambda m, r, w, call=pair[side]: call(r, world), None, rank, workdir
+        )
+    if starter == "unidist":
+        for name, (call, _) in TORCH_REFUSED.items():
+            results[name] = outcome(lambda m, r, w, call=call: call(r, world), None, rank, workdir)
+    if starter == "unidist":
+        _unidist().finalize()
+    elif world > 1 and GLOO_TEARDOWN_DEADLOCK.present():
+        return results  # torch < 2.8's gloo teardown can deadlock with several ranks: not tried
+    else:
+        dist.destroy_process_group()
+    results["destroy_process_group"] = (dist.is_initialized(), _unidist().is_initialized())
+    return results
