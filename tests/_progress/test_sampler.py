@@ -6,9 +6,11 @@ import linecache
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 from types import FrameType
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -85,6 +87,30 @@ def test_a_collective_is_named_by_the_public_function_called(tmp_path: Path) -> 
         scope["all_reduce"], lambda f: (f.f_code.co_name, f.f_lineno) == ("all_reduce", 4)
     )
     assert (state, op) == (State.COLLECTIVE, "all_reduce")
+
+
+def test_places_reached_through_a_symlink_are_still_recognised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A virtual environment or checkout reached through a symlink: code objects carry the
+    # path as imported, so torch's folder must not be compared in its resolved form.
+    real = tmp_path / "real" / "torch"
+    (real / "autograd").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    fake = types.ModuleType("torch")
+    fake.__file__ = str(link / "torch" / "__init__.py")
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    code = compile(
+        "import sys\ndef backward():\n    return sys._getframe()\n",
+        str(link / "torch" / "autograd" / "__init__.py"),
+        "exec",
+    )
+    scope: dict[str, object] = {}
+    exec(code, scope)
+    frame = scope["backward"]()  # type: ignore[operator]
+    state, _, _, _, _ = classify(frame, _Places())
+    assert state is State.BACKWARD
 
 
 def test_the_thread_writes_steps_motion_and_answers_for_stacks(

@@ -27,7 +27,6 @@ import sysconfig
 import threading
 import time
 import traceback
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -112,7 +111,10 @@ class _Places:
     def __init__(self) -> None:
         paths = sysconfig.get_paths()
         self.stdlib = tuple({paths["stdlib"], paths["platstdlib"]})
-        self.unidist = str(Path(__file__).resolve().parents[1]) + os.sep
+        # Folders as imported, not resolved: code objects carry the path their module was
+        # imported by, so a virtual environment or a checkout reached through a symlink would
+        # never match its resolved form.
+        self.unidist = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
         self.torch: str | None = None
 
     def torch_dir(self) -> str | None:
@@ -120,7 +122,7 @@ class _Places:
             module = sys.modules.get("torch")
             origin = getattr(module, "__file__", None)
             if origin:
-                self.torch = str(Path(origin).resolve().parent) + os.sep
+                self.torch = os.path.dirname(os.path.abspath(origin)) + os.sep
         return self.torch
 
     def is_library(self, filename: str) -> bool:
