@@ -76,10 +76,30 @@ def tree(tmp_path: Path) -> Path:
             "Neutral modules never import",
         ),
         (
-            "launch/plan.py",
+            "launch/plan/job.py",
             "from unidist.testing import requires",
             "testing",
             "Only unidist.testing",
+        ),
+        # The plan reaching into the launcher process, and the ranks' code into the plan's.
+        (
+            "launch/plan/job.py",
+            "from unidist.launch.supervise import runner",
+            "launch-rooms",
+            "The launcher's rooms",
+        ),
+        (
+            "launch/supervise/watch.py",
+            "from unidist.launch.supervise import report",
+            "launch-supervise",
+            "The launcher process",
+        ),
+        # Plain data reaching up to the object built from it: the circle parallel/ had.
+        (
+            "parallel/strategies.py",
+            "from unidist.parallel import config",
+            "parallel-layers",
+            "parallel/: the user's config on top",
         ),
     ],
 )
@@ -109,6 +129,37 @@ def test_no_import_cycles_at_all() -> None:
         if graph.chain_exists(importer=imported, imported=importer)
     )
     assert closing == [], f"these imports close a cycle: {closing}"
+
+
+#: The top floor: modules written on the public API, as users write their scripts.
+PUBLIC_API_USERS = ("cli.py", "smoke.py", "__main__.py", "__init__.py", "compat/", "testing/")
+
+
+def _public_name_imports(path: Path) -> list[str]:
+    """``import unidist`` and ``from unidist import <a public name>`` in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(a.name == "unidist" for a in node.names):
+            found.append(f"{path.relative_to(SOURCE)}:{node.lineno} import unidist")
+        elif isinstance(node, ast.ImportFrom) and node.module == "unidist" and node.level == 0:
+            for alias in node.names:
+                submodule = SOURCE / alias.name
+                if not (submodule.with_suffix(".py").exists() or submodule.is_dir()):
+                    found.append(f"{path.relative_to(SOURCE)}:{node.lineno} {alias.name}")
+    return found
+
+
+def test_only_the_top_floor_imports_the_package_back() -> None:
+    """The package's ``__init__`` sits above every layer and loads its names lazily (one
+    table): a module below the top floor that imported it back would close a circle that
+    lint-imports cannot see (the root package is no layer)."""
+    found = [
+        hit
+        for path in sorted(SOURCE.rglob("*.py"))
+        if not str(path.relative_to(SOURCE)).startswith(PUBLIC_API_USERS)
+        for hit in _public_name_imports(path)
+    ]
+    assert found == [], "import the module that defines the name instead:\n" + "\n".join(found)
 
 
 #: The modules that may import a unidist module by name: the two registries, and the package's

@@ -3,7 +3,7 @@
 Importing unidist imports neither the frameworks nor torch itself and changes no environment
 variable; everything starts on first use. Only the version and the error classes are imported
 with the package: every other public name (``_MODULES``) and every submodule is imported on
-first access, so a rank of ``unidist launch``, which imports ``unidist.launch._bootstrap``,
+first access, so a rank of ``unidist launch``, which imports ``unidist.launch.rank.bootstrap``,
 pays for what it uses and no more.
 """
 

@@ -9,10 +9,11 @@ workaround works; on a fixed torch the bug is absent without it.
 bug                       affected torch        worked around in
 ========================  ====================  ===========================================
 gloo teardown deadlock    < 2.8                 ``lifecycle.finalize`` (GIL released before
-(pytorch PR #154976)                            the destroy), ``launch._rank`` (destroyed
-                                                groups kept until a GIL-released exit)
-gloo aborts at exit       >= 2.8 (seen on   ``launch._rank`` (the groups a script left
-(pytorch#190489)          2.14, not on 2.7)     open are destroyed at exit, before the
+(pytorch PR #154976)                            the destroy), ``launch.rank.runtime``
+                                                (destroyed groups kept until a GIL-released
+                                                exit)
+gloo aborts at exit       >= 2.8 (seen on       ``launch.rank.runtime`` (the groups a script
+(pytorch#190489)          2.14, not on 2.7)     left open are destroyed at exit, before the
                                                 interpreter finalizes)
 gloo AVG sums             < 2.9                 ``parallel._gloo`` (an FSDP2 all-reduce hook
 (pytorch#162338)                                divides the reduce-scatter result)
@@ -22,10 +23,11 @@ all-reduce (PR #149781)                         refused up front instead of fail
 libuv store refuses a     < 2.8                 ``_comm.listen`` (the control store runs on
 listening socket                                torch's older server, which takes the socket
 (PR #150215)                                    bound to loopback or MASTER_ADDR)
-static store reused       every release so far  ``launch._rank`` (each restart's keys get their
-across restarts           (2.7 to 2.14)         own prefix, through :func:`replace_c10d_store`)
-group store listens on    every release so far  ``launch._rank`` (on one node rank 0's store
-every interface           (2.7 to 2.14)         listens on MASTER_ADDR only, through
+static store reused       every release so far  ``launch.rank.runtime`` (each restart's keys
+across restarts           (2.7 to 2.14)         get their own prefix, through
+                                                :func:`replace_c10d_store`)
+group store listens on    every release so far  ``launch.rank.runtime`` (on one node rank 0's
+every interface           (2.7 to 2.14)         store listens on MASTER_ADDR only, through
                                                 :func:`replace_c10d_store`)
 ========================  ====================  ===========================================
 

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 from unidist.errors import LaunchError, UnidistError
 
 if TYPE_CHECKING:
-    from unidist.launch.options import CommandParser
-    from unidist.launch.report import Report
+    from unidist.launch.plan.options import CommandParser
+    from unidist.launch.supervise.report import Report
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     from unidist._version import __version__
-    from unidist.launch.options import CommandParser
+    from unidist.launch.plan.options import CommandParser
 
     parser = argparse.ArgumentParser(
         prog="unidist", description="One API for distributed PyTorch: inspect and launch jobs."
@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_launch(commands: argparse._SubParsersAction[CommandParser]) -> None:
-    from unidist.launch.options import add_arguments
+    from unidist.launch.plan.options import add_arguments
 
     launch = commands.add_parser(
         "launch",
@@ -77,9 +77,9 @@ def _add_launch(commands: argparse._SubParsersAction[CommandParser]) -> None:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from unidist.launch import runner
-    from unidist.launch.dryrun import describe
-    from unidist.launch.plan import plan_from_args
+    from unidist.launch.plan.dryrun import describe
+    from unidist.launch.plan.job import plan_from_args
+    from unidist.launch.supervise import runner
 
     plan = plan_from_args(args)
     if args.dry_run:
@@ -92,9 +92,9 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _smoke(args: argparse.Namespace) -> int:
-    from unidist.launch import runner
-    from unidist.launch.options import CommandParser
-    from unidist.launch.plan import add_arguments, plan_from_args
+    from unidist.launch.plan.job import add_arguments, plan_from_args
+    from unidist.launch.plan.options import CommandParser
+    from unidist.launch.supervise import runner
 
     parser = CommandParser(prog="unidist smoke")
     add_arguments(parser)
@@ -106,7 +106,7 @@ def _smoke(args: argparse.Namespace) -> int:
             "--timeout",
             str(args.timeout),
             "-m",
-            "unidist.launch.smoke",
+            "unidist.smoke",
             *extra,
             "--timeout",
             str(args.timeout),
@@ -123,7 +123,7 @@ def _report(run_dir: str) -> int:
     from pathlib import Path
 
     from unidist.errors import ConfigurationError
-    from unidist.launch.hang import render
+    from unidist.launch.supervise.hang import render
 
     folder = Path(run_dir)
     if not folder.is_dir():

@@ -25,9 +25,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from unidist import collectives, ranks
+from unidist._checks import check_flag, check_int
 from unidist._progress import sampler as progress
 from unidist._resume import workers
-from unidist._sampling.passes import PassSampler, check_flag, check_int
+from unidist._sampling.passes import PassSampler
 from unidist.errors import ConfigurationError, TopologyError
 from unidist.samplers import DistributedSampler, get_sampler
 from unidist.streams import ShardedIterable

@@ -140,7 +140,7 @@ def _check_ddp_keywords(ddp_kwargs: Mapping[str, Any]) -> None:
     accepted = ddp_keywords()
     unknown = sorted(set(ddp_kwargs) - accepted)
     if unknown:
-        from unidist.parallel._checks import did_you_mean
+        from unidist._checks import did_you_mean
 
         hints = "".join(did_you_mean(name, accepted) for name in unknown)
         raise ConfigurationError(

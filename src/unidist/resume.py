@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from unidist import _env, ranks
+from unidist._checks import check_flag, check_int
 from unidist._progress import sampler as progress
 from unidist._resume import folder as files
 from unidist._resume import records, store
@@ -50,7 +51,6 @@ from unidist._resume.remote import Url, is_url, redact, secrets_of
 from unidist._resume.staged import Staged
 from unidist._resume.stopping import StopSignals, StopVote, default_stop_signals
 from unidist._resume.store import Folder
-from unidist._sampling.passes import check_flag, check_int
 from unidist.collectives import all_reduce
 from unidist.errors import CheckpointError, ConfigurationError, DistributedTimeoutError
 from unidist.samplers import DistributedSampler

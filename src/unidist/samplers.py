@@ -26,8 +26,9 @@ import torch
 from torch.utils.data import IterableDataset
 
 from unidist import ranks
+from unidist._checks import check_flag, check_int
 from unidist._sampling.native import SamplerRequest, native_sampler
-from unidist._sampling.passes import PassSampler, check_flag, check_int
+from unidist._sampling.passes import PassSampler
 from unidist._sampling.permute import (
     MASK64,
     IdentityOrder,

@@ -7,7 +7,7 @@ third-party adapter); rank 0 prints a pass/fail table with the slowest rank's ti
 check, and one verdict per adapter.
 
     unidist smoke -n 2 --backend gloo
-    python -m unidist.launch.smoke --backend gloo   # what each rank runs
+    python -m unidist.smoke --backend gloo   # what each rank runs
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any, TypeVar, overload
 from torch.utils.data import IterableDataset, get_worker_info
 
 from unidist import ranks
-from unidist._sampling.passes import check_flag, check_int
+from unidist._checks import check_flag, check_int
 from unidist.errors import ConfigurationError
 
 __all__ = ["ShardedIterable", "shard_iterable"]

@@ -67,7 +67,7 @@ def test_a_destroy_that_hangs_at_exit_is_named_and_ends(tmp_path: Path) -> None:
     # The deadline of the exit handler, without torch: a "group" whose destroy never returns.
     code = (
         "import threading\n"
-        "from unidist.launch import _rank\n"
+        "from unidist.launch.rank import runtime as _rank\n"
         "_rank.EXIT_DESTROY_TIMEOUT = 0.5\n"
         "class Dist:\n"
         "    def is_available(self): return True\n"

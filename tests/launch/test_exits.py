@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from tests._waiting import wait_for
-from unidist.launch.exits import ExitClock
+from unidist.launch.supervise.exits import ExitClock
 
 
 def test_exits_found_together_are_stamped_in_the_order_they_happened() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import unidist
 from unidist.errors import ConfigurationError, LaunchError
-from unidist.launch._rank import default_start_method
+from unidist.launch.rank.runtime import default_start_method
 
 pytestmark = pytest.mark.multiprocess
 

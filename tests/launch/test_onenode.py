@@ -17,7 +17,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from tests.launch.helpers import JOB
 from unidist.launch import onenode
-from unidist.launch.plan import add_arguments, plan_from_args
+from unidist.launch.plan.job import add_arguments, plan_from_args
 
 
 def params(**configs: str) -> RendezvousParameters:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.helpers import JOB, free_port, launch, run_in_process
-from unidist.launch.options import REFUSED
+from unidist.launch.plan.options import REFUSED
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -562,7 +562,7 @@ def test_too_many_processes_for_the_open_file_limit(tmp_path: Path) -> None:
 def test_too_many_processes_for_the_process_limits(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from unidist.launch import checks
+    from unidist.launch.plan import checks
 
     real = resource.getrlimit
     monkeypatch.setattr(os, "getuid", lambda: 4242)  # root is not held to RLIMIT_NPROC

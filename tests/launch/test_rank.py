@@ -10,7 +10,7 @@ from types import ModuleType
 import pytest
 
 from tests.launch.helpers import launch, run_folder
-from unidist.launch._rank import when_imported
+from unidist.launch.rank.runtime import when_imported
 
 
 @pytest.fixture
@@ -87,7 +87,7 @@ def test_the_patches_apply_when_the_script_imports_torch() -> None:
     code = (
         "import os, sys\n"
         "os.environ.update(RANK='0', WORLD_SIZE='2', LOCAL_WORLD_SIZE='2', LOCAL_RANK='0')\n"
-        "from unidist.launch._rank import prepare_rank\n"
+        "from unidist.launch.rank.runtime import prepare_rank\n"
         "prepare_rank()\n"
         "assert 'torch' not in sys.modules\n"
         "import importlib, torch, torch.distributed as dist\n"
@@ -101,6 +101,8 @@ def test_the_patches_apply_when_the_script_imports_torch() -> None:
     store, destroy, deadlock = done.stdout.split()
     assert store == "_bind_stores"
     expected = (
-        "unidist.launch._rank" if deadlock == "True" else "torch.distributed.distributed_c10d"
+        "unidist.launch.rank.runtime"
+        if deadlock == "True"
+        else "torch.distributed.distributed_c10d"
     )
     assert destroy == expected

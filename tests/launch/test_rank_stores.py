@@ -1,4 +1,4 @@
-"""The store patches a launched rank applies before the user's code runs (launch/_rank.py)."""
+"""The store patches a launched rank applies before the user's code runs (launch/rank/runtime)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import timedelta
 import psutil
 import pytest
 
-from unidist.launch import _rank
+from unidist.launch.rank import runtime as _rank
 
 #: The module, not the function torch.distributed re-exports under the same name.
 RENDEZVOUS = importlib.import_module("torch.distributed.rendezvous")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from unidist.launch import records
-from unidist.launch._rank import record_done
-from unidist.launch.report import storage_problem
+from unidist.launch.rank.runtime import record_done
+from unidist.launch.supervise.report import storage_problem
 
 IDENTITY = {"rank": 1, "pid": 4242, "host": "here"}
 

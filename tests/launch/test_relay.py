@@ -15,8 +15,8 @@ import pytest
 
 from tests._waiting import join_store_threads, wait_for
 from tests.launch.helpers import free_port, start_store_host
-from unidist.launch import relay
-from unidist.launch.relay import Failure, Relay, decode, encode
+from unidist.launch.supervise import relay
+from unidist.launch.supervise.relay import Failure, Relay, decode, encode
 
 ROUND = "0-10.0.0.1:1234"
 RAISED = Failure(
@@ -209,7 +209,7 @@ def test_the_watched_beat_counts_silence_on_the_watchers_own_clock() -> None:
 
 LONE_RELAY = """
 import sys, time
-from unidist.launch.relay import Relay
+from unidist.launch.supervise.relay import Relay
 one = Relay("127.0.0.1", int(sys.argv[1]), "job")
 one.round(sys.argv[2], world_size=4, nproc=2, node_rank=1)
 one.start()

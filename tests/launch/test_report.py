@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from unidist.launch.plan import LaunchPlan
+from unidist.launch.plan.job import LaunchPlan
 from unidist.launch.records import Slot, Start
-from unidist.launch.report import (
-    RankOutcome,
+from unidist.launch.supervise.outcome import RankOutcome
+from unidist.launch.supervise.report import (
     analyse,
     check_logs,
     exit_code_of,
     stack_excerpt,
     storage_problem,
 )
-from unidist.launch.watch import Observed, advance
+from unidist.launch.supervise.watch import Observed, advance
 
 PLAN = LaunchPlan(target="job.py", nproc=2)
 
@@ -180,7 +180,7 @@ def test_a_stopped_ranks_excerpt_shows_the_users_frames_last(tmp_path: Path) -> 
         "main()\n"
     )
     dumped = subprocess.run(
-        [sys.executable, "-m", "unidist.launch._bootstrap", str(script)],
+        [sys.executable, "-m", "unidist.launch.rank.bootstrap", str(script)],
         capture_output=True,
         text=True,
         timeout=120,

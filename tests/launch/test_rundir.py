@@ -11,9 +11,9 @@ import pytest
 
 from tests.launch.helpers import JOB, launch
 from unidist.errors import ConfigurationError
-from unidist.launch import rundir
-from unidist.launch.plan import LaunchPlan
-from unidist.launch.runner import Run
+from unidist.launch.plan import rundir
+from unidist.launch.plan.job import LaunchPlan
+from unidist.launch.supervise.runner import Run
 
 
 @pytest.fixture

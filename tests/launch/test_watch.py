@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unidist.launch.watch import Observed, RankState, RankWatch, advance
+from unidist.launch.supervise.watch import Observed, RankState, RankWatch, advance
 
 
 @pytest.mark.parametrize(

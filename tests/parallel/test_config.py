@@ -160,10 +160,14 @@ def test_bad_degrees(world: int, settings: dict[str, Any], message: str) -> None
         ),
         (
             {"fsdp": {"sharding_strategy": "FULL_SHARDD"}},
-            "FSDPConfig.sharding_strategy='FULL_SHARDD' is not valid (did you mean 'FULL_SHARD'?)",
+            "FSDPConfig.sharding_strategy must be one of FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, "
+            "HYBRID_SHARD, _HYBRID_SHARD_ZERO2, got 'FULL_SHARDD' (did you mean 'FULL_SHARD'?).",
         ),
-        ({"fsdp": {"backward_prefetch": "pre"}}, "expected one of BACKWARD_POST, BACKWARD_PRE"),
-        ({"fsdp2": {"state_dict_type": "local"}}, "expected one of full, sharded"),
+        (
+            {"fsdp": {"backward_prefetch": "pre"}},
+            "must be one of BACKWARD_POST, BACKWARD_PRE, NONE, got 'pre'",
+        ),
+        ({"fsdp2": {"state_dict_type": "local"}}, "must be one of full, sharded, got 'local'"),
         ({"fsdp2": {"shard_degree": 0}}, "must be a positive integer, or -1"),
         ({"fsdp2": {"shard_degree": True}}, "FSDP2Config.shard_degree=True must be a positive"),
         ({"tp": {"degree": -2, "plan": MLP_PLAN}}, "TPConfig.degree=-2 must be a positive"),
@@ -183,7 +187,10 @@ def test_bad_degrees(world: int, settings: dict[str, Any], message: str) -> None
         ({"fsdp2": {"mixed_precision": {"buffer_dtype": "bf16"}}}, "is an FSDP v1 setting"),
         ({"fsdp2": {"reshard_after_forward": 1}}, "must be True, False or a group size > 1"),
         ({"ddp": {"bucket_cap_mb": 0}}, "bucket_cap_mb=0 must be a positive number"),
-        ({"ddp": {"static_graph": "yes"}}, "DDPConfig.static_graph='yes' must be True or False"),
+        (
+            {"ddp": {"static_graph": "yes"}},
+            "DDPConfig.static_graph must be True or False, got 'yes'.",
+        ),
         ({"fsdp2": {"wrap": [1]}}, "entries must be module classes or class names"),
         ({"fsdp2": 2}, "parallelism section 'fsdp2' must be a mapping of settings"),
     ],
@@ -197,7 +204,7 @@ def test_bad_settings(settings: dict[str, Any], message: str) -> None:
 def test_typed_objects_are_checked_too() -> None:
     with pytest.raises(ConfigurationError, match="must be a unidist FSDPConfig or None"):
         ParallelismConfig(fsdp=DDPConfig())  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="is not valid"):
+    with pytest.raises(ConfigurationError, match="sharding_strategy must be one of"):
         FSDPConfig(sharding_strategy="SHARD")
     config = ParallelismConfig(fsdp2=FSDP2Config(wrap=Block), tp=TPConfig(2, MLP_PLAN))
     assert config.fsdp2 is not None

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from unidist._checks import check_seconds
 from unidist._env.schedulers import MPI_FLAVOURS, from_mpi, from_slurm, is_srun_step
 from unidist._env.topology import EnvReading, finish, int_var, port_var
 from unidist.errors import ConfigurationError, TopologyError
@@ -159,21 +160,17 @@ def run_id(environ: Mapping[str, str] | None = None) -> str | None:
 def timeout_seconds(timeout: float | timedelta, name: str = "timeout") -> float:
     """Seconds in a ``timeout=`` argument: a positive number of seconds or a timedelta.
 
-    The one converter for every ``timeout=`` unidist takes (``UNIDIST_TIMEOUT`` is read above).
+    The one converter for every ``timeout=`` unidist takes (``UNIDIST_TIMEOUT`` is read above);
+    the check itself is :func:`unidist._checks.check_seconds`.
 
     Args:
         timeout: the value given.
         name: the keyword it was given as, for the message (``stop_timeout``, say).
 
     Raises:
-        ConfigurationError: zero, a negative value, or not a number.
+        ConfigurationError: zero, a negative or infinite value, or not a number.
     """
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if not isinstance(seconds, int | float) or not seconds > 0:
-        raise ConfigurationError(
-            f"{name}={timeout!r} must be a positive number of seconds or a timedelta."
-        )
-    return float(seconds)
+    return check_seconds(timeout, name)
 
 
 def _launcher_of_torch_variables(env: Mapping[str, str]) -> tuple[str, str]:

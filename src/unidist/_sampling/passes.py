@@ -24,6 +24,7 @@ import numpy as np
 from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
 from unidist import ranks
+from unidist._checks import INT64_LIMIT, check_flag, check_int
 from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
 
@@ -35,8 +36,6 @@ __all__ = [
     "MODES",
     "STATE_FORMAT",
     "PassSampler",
-    "check_flag",
-    "check_int",
     "composer_eval_running",
 ]
 
@@ -44,30 +43,7 @@ MODES = ("train", "eval")
 STATE_FORMAT = "unidist.sampler/1"
 #: Lengths and epochs stay below this: indices and epochs are signed 64-bit integers in torch and
 #: numpy, and a larger length would wrap around into negative indices.
-LIMIT = 1 << 63
-
-
-def check_int(
-    value: object, name: str, *, minimum: int | None = None, below: int | None = None
-) -> int:
-    """``value`` as an int (numpy integers too; bools refused), in ``[minimum, below)``."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise ConfigurationError(f"{name} must be an int, got {value!r}.")
-    value = operator.index(value)  # type: ignore[arg-type]
-    if minimum is not None and value < minimum:
-        raise ConfigurationError(f"{name} must be at least {minimum}, got {value}.")
-    if below is not None and value >= below:
-        limit = "2**63" if below == LIMIT else str(below)
-        raise ConfigurationError(
-            f"{name} must be below {limit} (a signed 64-bit integer), got {value}."
-        )
-    return value
-
-
-def check_flag(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be True or False, got {value!r}.")
-    return value
+LIMIT = INT64_LIMIT
 
 
 def composer_eval_running() -> bool:

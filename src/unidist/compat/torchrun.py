@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING
 from unidist.errors import LaunchError
 
 if TYPE_CHECKING:
-    from unidist.launch.plan import LaunchPlan
-    from unidist.launch.report import Report
+    from unidist.launch.plan.job import LaunchPlan
+    from unidist.launch.supervise.report import Report
 
 __all__ = ["get_args_parser", "main", "parse_args", "run"]
 
 
 def get_args_parser() -> argparse.ArgumentParser:
     """The parser of ``unidist launch``: torchrun's options and unidist's own."""
-    from unidist.launch.options import CommandParser, add_arguments
+    from unidist.launch.plan.options import CommandParser, add_arguments
 
     parser = CommandParser(prog="unidist launch")
     add_arguments(parser)
@@ -59,9 +59,9 @@ def run(args: argparse.Namespace) -> None:
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from unidist.launch import runner
-    from unidist.launch.dryrun import describe
-    from unidist.launch.plan import plan_from_args
+    from unidist.launch.plan.dryrun import describe
+    from unidist.launch.plan.job import plan_from_args
+    from unidist.launch.supervise import runner
 
     plan = plan_from_args(args)
     if args.dry_run:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _run(plan: LaunchPlan, program: str, argv: list[str], *, verbose: bool) -> Report:
-    from unidist.launch import runner
+    from unidist.launch.supervise import runner
 
     with warnings.catch_warnings():
         # torch's agent opens each rank's log files (SubprocessHandler) and closes them only

@@ -43,7 +43,8 @@ from unidist.errors import ConfigurationError
 from unidist.integrations import import_framework
 from unidist.microbatch import MicroBatcher, SizePolicy
 from unidist.parallel._apply import tp_plan
-from unidist.parallel._checks import mixed_precision_dtypes, wrap_classes
+from unidist.parallel._checks import wrap_classes
+from unidist.parallel._fields import mixed_precision_dtypes
 from unidist.parallel._gloo import GlooAverageFix
 from unidist.parallel.strategies import DDPConfig
 from unidist.ranks import get_world_size

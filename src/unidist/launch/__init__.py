@@ -1,10 +1,17 @@
-"""``unidist launch``, :func:`unidist.spawn` and ``unidist smoke``, on torch's elastic agent.
+"""``unidist launch`` and :func:`unidist.spawn`, on torch's elastic agent, in rooms by phase.
 
-* :mod:`~unidist.launch.plan`: options -> a checked :class:`LaunchPlan`.
-* :mod:`~unidist.launch.runner`: runs a plan through ``torch.distributed.launcher``'s
-  ``elastic_launch``, with per-rank logs, a fast-stop watchdog and a final sweep.
-* :mod:`~unidist.launch.report`: culprit versus collateral, the summary, the exit code.
-* :mod:`~unidist.launch._rank` and ``_bootstrap``: what runs inside each rank.
+* :mod:`~unidist.launch.plan`: options -> a checked :class:`LaunchPlan` (``plan.job``), the
+  checks, the console spec, the run folder's names, the dry run. No process is started there.
+* :mod:`~unidist.launch.supervise`: the launcher process. ``runner`` drives
+  ``torch.distributed.launcher``'s ``elastic_launch``; ``watch`` follows each rank's state,
+  ``hang`` names stuck ranks, ``report`` tells the culprit from collateral, ``console`` copies
+  output, ``relay`` speaks with the other nodes' launchers, ``exits`` decodes exit codes.
+* :mod:`~unidist.launch.rank`: what runs inside each rank (``bootstrap``, ``runtime``).
+* ``rendezvous``, ``onenode``: rendezvous options and unidist's one-node rendezvous backend.
+* ``records``, ``printing``: the files ranks write and the launcher reads; escaped display.
+* ``spawn``: :func:`unidist.spawn`, the top floor (it plans, supervises and runs ranks).
+
+A room imports only from the rooms below it (pyproject.toml's ``launch-rooms`` contract).
 """
 
 from __future__ import annotations
@@ -12,17 +19,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from unidist.launch.plan import LaunchPlan
+    from unidist.launch.plan.job import LaunchPlan
     from unidist.launch.spawn import spawn
 
 __all__ = ["LaunchPlan", "spawn"]
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first access: a rank imports unidist.launch._bootstrap and needs neither.
+    # Imported on first access: a rank imports unidist.launch.rank.bootstrap and needs neither.
     value: Any
     if name == "LaunchPlan":
-        from unidist.launch.plan import LaunchPlan as value
+        from unidist.launch.plan.job import LaunchPlan as value
     elif name == "spawn":
         from unidist.launch.spawn import spawn as value
     else:

@@ -11,7 +11,8 @@ program that wrote torch's format itself) still counts, as the rank's own failur
 timestamp. Files are named ``<kind>-s<start>-r<rank>.json``, where ``start``
 counts the starts of this node's ranks in this run (restarts after a failure and after a change
 of membership alike), so a record is never mistaken for another start's. The folder is private
-and new for every run (:mod:`unidist.launch.rundir`); records are plain JSON, checked on reading.
+and new for every run (:mod:`unidist.launch.plan.rundir`); records are plain JSON, checked on
+reading.
 
 :class:`Start` and :class:`Slot` are the launcher's side: where torch's agent put each rank.
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 from unidist._migration import foreign_keywords
 from unidist.errors import ConfigurationError, LaunchError
-from unidist.launch.console import ConsoleSpec
-from unidist.launch.plan import LaunchPlan
+from unidist.launch.plan.job import LaunchPlan
+from unidist.launch.plan.streams import ConsoleSpec
 from unidist.launch.rendezvous import Rendezvous
 
 __all__ = ["spawn"]
@@ -101,7 +101,8 @@ def spawn(
         TypeError: an Ignite keyword, with unidist's spelling.
         LaunchError: a rank failed; the message names the culprit and shows its log.
     """
-    from unidist.launch import checks, rundir, runner
+    from unidist.launch.plan import checks, rundir
+    from unidist.launch.supervise import runner
 
     _check_callable(fn, args)
     if isinstance(timeout, timedelta):
@@ -182,14 +183,15 @@ def _rank_main(
 ) -> R:
     import multiprocessing
 
-    import unidist
     from unidist.launch import records
-    from unidist.launch._rank import (
+    from unidist.launch.rank.runtime import (
         default_start_method,
         prepare_rank,
         record_done,
         record_error,
     )
+    from unidist.lifecycle import finalize, initialize
+    from unidist.ranks import get_local_rank
 
     os.setpgrp()  # lead a process group, as script ranks do, so stopping takes children along
     # This process was started by the spawn method and would hand it down to its DataLoader
@@ -197,8 +199,8 @@ def _rank_main(
     multiprocessing.set_start_method(default_start_method(), force=True)
     prepare_rank()
     try:
-        unidist.initialize(backend)
-        call = (unidist.get_local_rank(), *args) if pass_local_rank else args
+        initialize(backend)
+        call = (get_local_rank(), *args) if pass_local_rank else args
         value = fn(*call)
     except BaseException as exc:
         record_error(exc)
@@ -209,6 +211,6 @@ def _rank_main(
         traceback.print_exc()  # into this rank's log, as a script rank's traceback goes
         raise
     finally:
-        unidist.finalize()
+        finalize()
     record_done()
     return value

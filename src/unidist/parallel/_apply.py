@@ -21,8 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
-    from unidist.parallel.config import ParallelismConfig
-    from unidist.parallel.strategies import Degrees, FSDP2Config, FSDPConfig, TPConfig
+    from unidist.parallel.strategies import Degrees, FSDP2Config, FSDPConfig, Settings, TPConfig
 
 __all__ = ["apply", "refuse_cpu_sync_batchnorm", "tp_plan"]
 
@@ -30,7 +29,7 @@ _REPLICATE, _SHARD, _TENSOR = MESH_DIM_NAMES
 
 
 def apply(
-    config: ParallelismConfig,
+    config: Settings,
     model: torch.nn.Module,
     *,
     device: torch.device | str | None = None,
@@ -57,7 +56,7 @@ def apply(
 
 
 def wrap(
-    config: ParallelismConfig,
+    config: Settings,
     model: torch.nn.Module,
     *,
     device: torch.device | str | None = None,
@@ -124,7 +123,7 @@ def _require_torch_group() -> None:
         )
 
 
-def _mesh(config: ParallelismConfig, degrees: Degrees, where: torch.device) -> DeviceMesh:
+def _mesh(config: Settings, degrees: Degrees, where: torch.device) -> DeviceMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
     dims: list[tuple[str, int]] = []
@@ -200,7 +199,7 @@ def tp_plan(config: TPConfig) -> dict[str, Any]:
 def _dtypes(setting: Any) -> dict[str, torch.dtype]:
     import torch
 
-    from unidist.parallel._checks import mixed_precision_dtypes
+    from unidist.parallel._fields import mixed_precision_dtypes
 
     names = mixed_precision_dtypes(setting, "mixed_precision")
     return {role: getattr(torch, name) for role, name in names.items()}

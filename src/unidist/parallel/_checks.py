@@ -1,124 +1,23 @@
-"""Checks behind :mod:`unidist.parallel`: values, degrees against the world, the model."""
+"""Checks of a whole parallelism setting: degrees against the world size, names in the model.
+
+One strategy's own values are checked as it is built (:mod:`unidist.parallel._fields`).
+"""
 
 from __future__ import annotations
 
-import difflib
 import math
-from collections.abc import Iterable, Mapping
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from unidist._checks import did_you_mean
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import torch
 
-    from unidist.parallel.config import ParallelismConfig
-    from unidist.parallel.strategies import Degrees
+    from unidist.parallel.strategies import Degrees, Settings
 
-__all__ = [
-    "check_bool",
-    "check_choice",
-    "check_degree",
-    "check_model",
-    "check_wrap",
-    "did_you_mean",
-    "matching_modules",
-    "mixed_precision_dtypes",
-    "resolve_degrees",
-    "wrap_classes",
-]
-
-_DTYPE_NAMES = {
-    "float32": ("fp32", "float32", "float", "torch.float32"),
-    "bfloat16": ("bf16", "bfloat16", "torch.bfloat16"),
-    "float16": ("fp16", "float16", "half", "torch.float16"),
-}
-_DTYPE_ROLES = ("param_dtype", "reduce_dtype", "buffer_dtype")
-
-
-def did_you_mean(word: object, choices: Iterable[object]) -> str:
-    """`` (did you mean 'x'?)`` for the closest choice, or an empty string."""
-    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _owner(obj: object) -> str:
-    return type(obj).__name__
-
-
-def check_bool(obj: object, name: str) -> None:
-    """Raise unless ``obj.name`` is a bool."""
-    value = getattr(obj, name)
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"{_owner(obj)}.{name}={value!r} must be True or False.")
-
-
-def check_degree(obj: object, name: str) -> None:
-    """Raise unless ``obj.name`` is a positive int or -1 (inferred from the world size)."""
-    value = getattr(obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or (value < 1 and value != -1):
-        raise ConfigurationError(
-            f"{_owner(obj)}.{name}={value!r} must be a positive integer, or -1 to infer it "
-            "from the world size."
-        )
-
-
-def check_choice(obj: object, name: str, choices: tuple[str, ...], *, upper: bool = False) -> None:
-    """Raise unless ``obj.name`` is one of ``choices`` (case-insensitive); store it normalised."""
-    value = getattr(obj, name)
-    normal = (value.upper() if upper else value.lower()) if isinstance(value, str) else value
-    if normal not in choices:
-        raise ConfigurationError(
-            f"{_owner(obj)}.{name}={value!r} is not valid{did_you_mean(normal, choices)}; "
-            f"expected one of {', '.join(choices)}."
-        )
-    object.__setattr__(obj, name, normal)
-
-
-def check_wrap(wrap: Any, owner: str) -> tuple[str | type, ...]:
-    """``wrap`` as a tuple of module classes or class names."""
-    items = (wrap,) if isinstance(wrap, str | type) else tuple(wrap)
-    bad = [item for item in items if not isinstance(item, str | type)]
-    if bad:
-        raise ConfigurationError(
-            f"{owner}.wrap={wrap!r}: entries must be module classes or class names, got {bad!r}."
-        )
-    return items
-
-
-def mixed_precision_dtypes(value: Any, owner: str) -> dict[str, str]:
-    """``{"param_dtype": "bfloat16", ...}`` for a mixed-precision setting; ``{}`` for ``full``."""
-    if isinstance(value, str):
-        if value.lower() == "full":
-            return {}
-        raise ConfigurationError(
-            f"{owner}.mixed_precision={value!r}: only 'full' (no casts) or explicit dtypes are "
-            "accepted. Composer's 'DEFAULT'/'PURE' depend on the Trainer's precision, which a "
-            "plain loop does not have. HINT: write the dtypes, e.g. {'param_dtype': 'bf16', "
-            "'reduce_dtype': 'fp32'} for DEFAULT with bf16."
-        )
-    if not isinstance(value, Mapping):
-        raise ConfigurationError(
-            f"{owner}.mixed_precision={value!r} must be 'full' or a mapping of dtypes."
-        )
-    dtypes: dict[str, str] = {}
-    for role, name in value.items():
-        if role not in _DTYPE_ROLES:
-            raise ConfigurationError(
-                f"{owner}.mixed_precision key {role!r} is unknown{did_you_mean(role, _DTYPE_ROLES)}"
-                f"; expected {', '.join(_DTYPE_ROLES)}."
-            )
-        canonical = next(
-            (full for full, names in _DTYPE_NAMES.items() if str(name).lower() in names), None
-        )
-        if canonical is None:
-            raise ConfigurationError(
-                f"{owner}.mixed_precision[{role!r}]={name!r} is not a dtype; expected fp32, bf16 "
-                "or fp16."
-            )
-        dtypes[role] = canonical
-    return dtypes
+__all__ = ["check_model", "matching_modules", "resolve_degrees", "wrap_classes"]
 
 
 def resolve_degrees(
@@ -206,7 +105,7 @@ def wrap_classes(wrap: tuple[str | type, ...], model: torch.nn.Module) -> tuple[
     return tuple(classes)
 
 
-def check_model(config: ParallelismConfig, degrees: Degrees, model: torch.nn.Module) -> None:
+def check_model(config: Settings, degrees: Degrees, model: torch.nn.Module) -> None:
     """Check what ``config`` says about ``model``: wrap classes, TP plan names and shapes."""
     if config.strategy == "ddp" and not any(p.requires_grad for p in model.parameters()):
         raise ConfigurationError(

@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from unidist._checks import did_you_mean
 from unidist.errors import ConfigurationError
 from unidist.parallel import _apply
-from unidist.parallel._checks import check_model, did_you_mean, resolve_degrees
+from unidist.parallel._checks import check_model, resolve_degrees
 from unidist.parallel.strategies import DDPConfig, Degrees, FSDP2Config, FSDPConfig, TPConfig
 
 if TYPE_CHECKING:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+if TYPE_CHECKING:
+    import torch
+
+from unidist._checks import did_you_mean
 from unidist.errors import ConfigurationError
-from unidist.parallel._checks import (
+from unidist.parallel._fields import (
     check_bool,
     check_choice,
     check_degree,
     check_wrap,
-    did_you_mean,
     mixed_precision_dtypes,
 )
 
@@ -214,3 +217,30 @@ class Degrees:
     def world_size(self) -> int:
         """The number of ranks these degrees cover."""
         return self.replicate * self.shard * self.tensor
+
+
+class Settings(Protocol):
+    """A whole parallelism setting as the checks and :func:`unidist.parallel.apply` read it.
+
+    :class:`unidist.parallel.ParallelismConfig` is one; the protocol lets the layers below it
+    (``_checks``, ``_apply``) take it without importing it.
+    """
+
+    @property
+    def ddp(self) -> DDPConfig | None: ...
+
+    @property
+    def fsdp(self) -> FSDPConfig | None: ...
+
+    @property
+    def fsdp2(self) -> FSDP2Config | None: ...
+
+    @property
+    def tp(self) -> TPConfig | None: ...
+
+    @property
+    def strategy(self) -> str: ...
+
+    def validate(
+        self, world_size: int | None = None, model: torch.nn.Module | None = None
+    ) -> Degrees: ...

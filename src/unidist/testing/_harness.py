@@ -38,7 +38,7 @@ from typing import Any
 from unidist import _env
 from unidist._progress import record, sampler
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
-from unidist.launch._rank import STACK_SIGNAL, default_start_method, die_with_parent
+from unidist.launch.rank.runtime import STACK_SIGNAL, default_start_method, die_with_parent
 
 __all__ = [
     "DistributedTestError",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import shlex
 
-from unidist.launch.plan import LaunchPlan
+from unidist.launch.plan.job import LaunchPlan
+from unidist.launch.plan.rundir import RUN_NAME_HINT, default_root
 from unidist.launch.printing import shown
-from unidist.launch.rundir import RUN_NAME_HINT, default_root
 
 __all__ = ["describe", "log_templates"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from unidist import _env
 from unidist.errors import ConfigurationError
-from unidist.launch import checks, rundir
-from unidist.launch.console import ConsoleSpec, parse_ranks, parse_std
-from unidist.launch.options import InvalidVariable, add_arguments, from_variable
+from unidist.launch.plan import checks, rundir
+from unidist.launch.plan.options import InvalidVariable, add_arguments, from_variable
+from unidist.launch.plan.streams import ConsoleSpec, parse_ranks, parse_std
 from unidist.launch.rendezvous import Rendezvous, resolve
 
 __all__ = ["LaunchPlan", "add_arguments", "plan_from_args", "probe_templates"]

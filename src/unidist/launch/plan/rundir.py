@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from unidist.errors import ConfigurationError
-from unidist.launch.checks import existing_problem
+from unidist.launch.plan.checks import existing_problem
 
 __all__ = [
     "RUN_NAME_HINT",

@@ -1,8 +1,8 @@
-"""``python -m unidist.launch._bootstrap (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS...]``.
+"""``python -m unidist.launch.rank.bootstrap (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS...]``.
 
 One rank's entry point. Runs the user's script (a file, or a folder or zip with ``__main__.py``)
 or module as ``__main__``, as ``python SCRIPT`` or ``python -m MODULE`` would, after
-:func:`unidist.launch._rank.prepare_rank`, and records how it ended. An uncaught exception is
+:func:`unidist.launch.rank.runtime.prepare_rank`, and records how it ended. An uncaught exception is
 printed without this file's and runpy's frames (and without the ``[rankN]:`` prefix torch's
 excepthook would add: the launcher's console prefixes every line already); the exit status is
 1, as for any uncaught exception. A failing rank exits at once (see ``_exit_now``). With
@@ -19,9 +19,11 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
-from unidist.launch._rank import prepare_rank, record_done, record_error
+from unidist.launch.rank.runtime import prepare_rank, record_done, record_error
 
-_USAGE = "usage: python -m unidist.launch._bootstrap (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS]"
+_USAGE = (
+    "usage: python -m unidist.launch.rank.bootstrap (SCRIPT | -m MODULE | --exec PROGRAM) [ARGS]"
+)
 
 
 def main(argv: list[str]) -> int:

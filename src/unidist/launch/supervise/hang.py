@@ -31,10 +31,10 @@ from typing import Any
 from unidist._progress import record
 from unidist._progress.record import Snapshot, State
 from unidist._progress.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
-from unidist.launch._rank import STACK_SIGNAL
 from unidist.launch.printing import shown
+from unidist.launch.rank.runtime import STACK_SIGNAL
 from unidist.launch.records import Start
-from unidist.launch.watch import Observed
+from unidist.launch.supervise.watch import Observed
 
 __all__ = ["HANG_EXIT_CODE", "HangReport", "HangWatch", "StragglerReport", "render"]
 

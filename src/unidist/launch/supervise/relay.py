@@ -30,7 +30,7 @@ timeout in a collective) and their launcher then blames one of its own ranks. Wi
   makes no further round trip in it. The store's host leaves only after torch's exit barrier,
   which every node's agent reaches after its ranks exit, and the last rank of a node to finish
   exits only once its launcher has left the round (``UNIDIST_AWAIT_LEAVE``,
-  :func:`unidist.launch._rank.record_done`): so no round trip meets a vanishing store, which
+  :func:`unidist.launch.rank.runtime.record_done`): so no round trip meets a vanishing store, which
   torch's client would answer with a C++ warning and its stack on the launcher's stderr. Such a
   node no longer learns of a failure elsewhere: its own ranks' outcome is what it reports.
 
@@ -67,6 +67,7 @@ from typing import Any
 
 from unidist._comm.link import Link, connect_within
 from unidist._progress.verdict import RankFacts
+from unidist.launch.supervise.outcome import Status
 
 __all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
 
@@ -81,8 +82,8 @@ LINGER = 5.0
 #: ``keep_alive_max_attempt``, 5 s x 3 by default), generous: a loaded launcher still beats.
 LOST = 15.0
 #: Kinds of failure: the rank's own fault (or its node's), then the waits another rank caused.
-OWN = ("raised", "crashed", "lost")
-WAITED = ("timeout", "collateral")
+OWN = (Status.RAISED, Status.CRASHED, Status.LOST)
+WAITED = (Status.TIMEOUT, Status.COLLATERAL)
 _MAX_RECORD = 8192
 #: What a launcher adds to its beat when it leaves the round: the count says "left", not "lost".
 _LEFT = 1 << 40

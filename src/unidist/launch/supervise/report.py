@@ -7,9 +7,10 @@ order, often the SIGTERM of a healthy rank it stopped itself. Here each rank's o
 peer went away, or a timeout waiting for one). The culprit is the earliest rank that failed on
 its own; if every failure was a wait, it is the rank the others were waiting for, the one the
 launcher found still running (a rank frozen by SIGSTOP first). When a rank failed on another
-node, its launcher's word (relayed through the rendezvous store, :mod:`unidist.launch.relay`)
-names the culprit on every node. Only the last start of the ranks counts: a failure that a restart
-(``--max-restarts``) recovered from is history, not the outcome.
+node, its launcher's word (relayed through the rendezvous store,
+:mod:`unidist.launch.supervise.relay`) names the culprit on every node. Only the last start of
+the ranks counts: a failure that a restart (``--max-restarts``) recovered from is history, not
+the outcome.
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ from typing import TYPE_CHECKING, Any
 from unidist.launch import records
 from unidist.launch.printing import shown
 from unidist.launch.records import Slot, Start
-from unidist.launch.watch import Observed, RankState
+from unidist.launch.supervise.outcome import OWN, WAITED, RankOutcome, Status
+from unidist.launch.supervise.watch import Observed, RankState
 
 if TYPE_CHECKING:
-    from unidist.launch.hang import HangReport, StragglerReport
-    from unidist.launch.plan import LaunchPlan
+    from unidist.launch.plan.job import LaunchPlan
+    from unidist.launch.supervise.hang import HangReport, StragglerReport
 
 __all__ = [
-    "Observed",  # defined in unidist.launch.watch
+    "Observed",  # defined in unidist.launch.supervise.watch
     "RankOutcome",
     "Report",
     "analyse",
@@ -46,31 +48,9 @@ __all__ = [
 ]
 
 _TAIL_LINES = 15
-_OWN = ("raised", "crashed", "hung")
-_WAITED = ("collateral", "timeout")
 #: Frames of the machinery around the user's code, left out of a stopped rank's stack.
 _MACHINERY = ("runpy", "/unidist/launch/", "/multiprocessing/", "/torch/distributed/elastic/")
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):$")
-
-
-@dataclass
-class RankOutcome:
-    """How one rank of this node ended."""
-
-    rank: int
-    local_rank: int
-    host: str
-    #: ok | raised | crashed | hung | collateral | timeout | stopped | returned (its script
-    #: ended while others still waited for it) | lost (a node)
-    status: str
-    detail: str
-    exit_code: int | None
-    time_ns: int | None
-    stdout: Path
-    stderr: Path
-    remote: bool = False  # on another node: its launcher told this one (stdout, stderr: there)
-    #: Why its log files could not be written (a full disk, an I/O error), if they could not.
-    log_error: str | None = None
 
 
 @dataclass
@@ -131,10 +111,10 @@ class Report:
             lines.append(f"  culprit: {_describe(self.culprit)}")
             lines.extend(_log_error(self.culprit))
             lines.extend(_excerpt(self.culprit))
-        others = [o for o in self.outcomes if o is not self.culprit and o.status != "ok"]
+        others = [o for o in self.outcomes if o is not self.culprit and o.status != Status.OK]
         for title, kinds in (
-            ("failed because of another rank", _WAITED + _OWN),
-            ("stopped by the launcher", ("stopped",)),
+            ("failed because of another rank", WAITED + OWN),
+            ("stopped by the launcher", (Status.STOPPED,)),
         ):
             group = [o for o in others if o.status in kinds]
             if group:
@@ -157,11 +137,11 @@ class Report:
                 continue
             culprit = report.culprit
             if culprit is None:
-                failed = [o for o in report.outcomes if o.status not in ("ok", "stopped")]
+                failed = [o for o in report.outcomes if o.status not in (Status.OK, Status.STOPPED)]
                 culprit = failed[0] if failed else None
             sigterm = 128 + signal.SIGTERM  # "crashed": the launcher's own SIGTERM is "stopped"
             if report.resized and (
-                culprit is None or (culprit.status, culprit.exit_code) == ("crashed", sigterm)
+                culprit is None or (culprit.status, culprit.exit_code) == (Status.CRASHED, sigterm)
             ):
                 # No failure, or a SIGTERM the launcher did not send, and the next start has
                 # another world size: torch's agent stops every rank with SIGTERM when a node
@@ -178,7 +158,9 @@ class Report:
                     "(another node failed, or the nodes changed)"
                 )
                 continue
-            log = "" if culprit.status == "lost" else f" (log: {shown(culprit.stderr)})"  # not here
+            log = (
+                "" if culprit.status == Status.LOST else f" (log: {shown(culprit.stderr)})"
+            )  # not here
             parts.append(
                 f"attempt {attempt} failed: {_describe(culprit)}{log}"
                 + (f"; {culprit.log_error}" if culprit.log_error else "")
@@ -187,7 +169,7 @@ class Report:
 
 
 def _describe(o: RankOutcome) -> str:
-    if o.status == "lost":  # a whole node, named by the launcher that watched it
+    if o.status == Status.LOST:  # a whole node, named by the launcher that watched it
         return f"rank {o.rank} and the other ranks of {o.host}: {o.detail}"
     code = "" if o.exit_code is None else f", exit code {o.exit_code}"
     told = f" (reported by the launcher on {o.host})" if o.remote else ""
@@ -233,7 +215,7 @@ def check_logs(report: Report) -> None:
     the likely cause of their failure, which the rank itself may have had no way to report."""
     probed: dict[Path, str | None] = {}
     for o in report.outcomes:
-        if o.status not in ("ok", "stopped"):
+        if o.status not in (Status.OK, Status.STOPPED):
             _check_logs(o, probed)
 
 
@@ -252,14 +234,14 @@ def _check_logs(o: RankOutcome, probed: dict[Path, str | None]) -> None:
         f"rank {o.rank}'s log {', '.join(str(p) for p in paths)}: {why}"
         for why, paths in found.items()
     )
-    if o.status == "crashed" and o.detail.endswith("without a Python exception"):
+    if o.status == Status.CRASHED and o.detail.endswith("without a Python exception"):
         o.detail = o.detail.replace(
             "without a Python exception", "when its log could not be written"
         )
 
 
 def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
-    if o.status == "lost":
+    if o.status == Status.LOST:
         return ["      its ranks' logs are on its host, in its launcher's log folder"]
     if o.remote:
         return [
@@ -267,7 +249,7 @@ def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
             f"                 {shown(o.stdout)}",
         ]
     text = _read(o.stderr)
-    stack = stack_excerpt(text, lines) if o.status in ("stopped", "hung") else []
+    stack = stack_excerpt(text, lines) if o.status in (Status.STOPPED, Status.HUNG) else []
     kept = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
     body = [f"      | {line}" for line in kept] if kept else ["      | (stderr is empty)"]
     return [*body, f"      full logs: {shown(o.stderr)}", f"                 {shown(o.stdout)}"]
@@ -337,7 +319,7 @@ def analyse(
     _decide_unrecorded(outcomes, seen, plan)
     if interrupted:
         return Report(outcomes, None, 128 + signal.Signals[interrupted].value, interrupted)
-    failures = [o for o in outcomes if o.status != "ok"]
+    failures = [o for o in outcomes if o.status != Status.OK]
     if seen.remote is not None:  # the whole job's culprit, the same on every node
         # Its exit code, not this node's: these ranks were stopped because of it.
         return Report(outcomes, seen.remote, seen.remote.exit_code or 1)
@@ -347,7 +329,7 @@ def analyse(
         return Report(outcomes, None, 0)
     culprit = _returned_early(outcomes, found, progress or {}) or _culprit(outcomes, seen)
     code: int | None = next((o.exit_code for o in sorted(failures, key=_when) if o.exit_code), None)
-    if culprit is not None and culprit.status in _OWN and culprit.exit_code:
+    if culprit is not None and culprit.status in OWN and culprit.exit_code:
         code = culprit.exit_code
     return Report(outcomes, culprit, code or 1)
 
@@ -356,35 +338,47 @@ def _decide_unrecorded(outcomes: list[RankOutcome], seen: Observed, plan: Launch
     """Decide the ranks the records alone could not: hung, vanished, stopped by torch's agent."""
     for o in outcomes:
         watch = seen.get(o.rank)
-        if watch.state is RankState.HUNG and o.status in ("ok", "crashed", "stopped", "vanished"):
-            o.status, o.exit_code, o.time_ns = "hung", 124, watch.hung_at
+        if watch.state is RankState.HUNG and o.status in (
+            Status.OK,
+            Status.CRASHED,
+            Status.STOPPED,
+            Status.VANISHED,
+        ):
+            o.status, o.exit_code, o.time_ns = Status.HUNG, 124, watch.hung_at
             o.detail = (
                 f"had not finished {plan.exit_timeout:g} s after another rank did; "
                 "killed (its stack is below; a gloo process-group destructor "
                 "deadlock in torch < 2.8 looks like a frozen line at exit)"
             )
-    failed = [o for o in outcomes if o.status not in ("ok", "vanished")]
+    failed = [o for o in outcomes if o.status not in (Status.OK, Status.VANISHED)]
     # The earliest a failure other than a SIGTERM can have happened. A crash is only seen by
     # the watchdog's next sweep, so it happened after the sweep that last saw that rank
     # running: two ranks found gone in one sweep could have died in either order, and a
     # SIGTERM'd rank is then torch's agent stopping the group, not a second culprit.
     first = min(
         (
-            _earliest(seen, o) if o.status == "crashed" else _when(o)
+            _earliest(seen, o) if o.status == Status.CRASHED else _when(o)
             for o in failed
-            if o.status != "crashed" or not _terminated(o)
+            if o.status != Status.CRASHED or not _terminated(o)
         ),
         default=None,
     )
     for o in outcomes:
-        if o.status == "vanished":
+        if o.status == Status.VANISHED:
             # Gone without a record and torch reaped it before its status could be read: if
             # nothing failed it finished; otherwise torch's agent stopped it with the group.
             o.status, o.detail = (
-                ("stopped", "stopped while still running") if failed else ("ok", "finished")
+                (Status.STOPPED, "stopped while still running")
+                if failed
+                else (Status.OK, "finished")
             )
-        elif o.status == "crashed" and _terminated(o) and first is not None and first < _when(o):
-            o.status, o.detail = "stopped", "stopped by torch's agent after another rank failed"
+        elif (
+            o.status == Status.CRASHED and _terminated(o) and first is not None and first < _when(o)
+        ):
+            o.status, o.detail = (
+                Status.STOPPED,
+                "stopped by torch's agent after another rank failed",
+            )
 
 
 def _earliest(seen: Observed, o: RankOutcome) -> int:
@@ -408,17 +402,19 @@ def _returned_early(
 ) -> RankOutcome | None:
     """A rank that returned from its script while another still waited for it in a collective
     (uneven data): the others fail when its sockets close (gloo) and would blame one another."""
-    waited = sorted((o for o in outcomes if o.status in _WAITED), key=_when)
-    if not waited or any(o.status in _OWN for o in outcomes):
+    waited = sorted((o for o in outcomes if o.status in WAITED), key=_when)
+    if not waited or any(o.status in OWN for o in outcomes):
         return None
-    early = [o for o in outcomes if ("done", o.rank) in found and o.status in ("ok", "stopped")]
+    early = [
+        o for o in outcomes if ("done", o.rank) in found and o.status in (Status.OK, Status.STOPPED)
+    ]
     if not early:
         return None
     culprit, waiter = early[0], waited[0]
     steps = progress.get(culprit.rank, (0, "", 0))[0]
     _, op, seq = progress.get(waiter.rank, (0, "", 0))
     where = f"{op} #{seq}" if op else "a collective"
-    culprit.status, culprit.exit_code = "returned", None
+    culprit.status, culprit.exit_code = Status.RETURNED, None
     culprit.detail = (
         f"returned from its script (exit code 0) after {steps} step(s) while rank "
         f"{waiter.rank} still waited for it in {where}: every rank must run the same "
@@ -428,11 +424,11 @@ def _returned_early(
 
 
 def _culprit(outcomes: list[RankOutcome], seen: Observed) -> RankOutcome | None:
-    own = sorted((o for o in outcomes if o.status in _OWN), key=_when)
+    own = sorted((o for o in outcomes if o.status in OWN), key=_when)
     if own:
         return own[0]
-    waited = sorted((o for o in outcomes if o.status in _WAITED), key=_when)
-    still_running = [o for o in outcomes if o.status == "stopped"]
+    waited = sorted((o for o in outcomes if o.status in WAITED), key=_when)
+    still_running = [o for o in outcomes if o.status == Status.STOPPED]
     still_running.sort(key=lambda o: not seen.get(o.rank).frozen)  # a frozen rank first
     if waited and still_running:
         suspect = still_running[0]
@@ -470,7 +466,7 @@ def _outcome(
     code = None if raw is None or raw == 0 else exit_code_of(raw)
     error = found.get(("error", rank))
 
-    def outcome(kind: str, detail: str, when: int | None) -> RankOutcome:
+    def outcome(kind: Status, detail: str, when: int | None) -> RankOutcome:
         host = str(found.get(("start", rank), {}).get("host", "?"))
         return RankOutcome(
             rank, slot.local_rank, host, kind, detail, code, when, slot.stdout, slot.stderr
@@ -480,21 +476,21 @@ def _outcome(
         message = str(error.get("message") or "")
         first_line = message.splitlines()[0] if message else ""
         detail = f"{_ERROR_WORDS[error['kind']]} {error.get('type')}: {first_line[:300]}"
-        return outcome(str(error["kind"]), detail.strip(), int(error["time_ns"]))
+        return outcome(Status(error["kind"]), detail.strip(), int(error["time_ns"]))
     gone, stopped = watch.gone_at, watch.stopped_at
     if stopped is not None:  # the launcher stops only ranks it has not seen gone
         if watch.frozen:
             frozen = "frozen (process state T: SIGSTOP or a debugger) when another rank failed"
-            return outcome("stopped", f"{frozen}; woken and stopped by the launcher", stopped)
-        return outcome("stopped", "stopped while still running", stopped)
+            return outcome(Status.STOPPED, f"{frozen}; woken and stopped by the launcher", stopped)
+        return outcome(Status.STOPPED, "stopped while still running", stopped)
     if raw is not None and raw != 0:
         if raw < 0:
             how = f"killed by {signal.Signals(-raw).name} (not by the launcher)"
         else:
             how = f"exited with code {raw} without a Python exception"
-        return outcome("crashed", how, gone)
+        return outcome(Status.CRASHED, how, gone)
     if ("done", rank) in found or status == 0:
-        return outcome("ok", "finished", None)
+        return outcome(Status.OK, "finished", None)
     if gone is not None:
-        return outcome("vanished", "", gone)
-    return outcome("ok", "finished", None)
+        return outcome(Status.VANISHED, "", gone)
+    return outcome(Status.OK, "finished", None)

@@ -1,14 +1,14 @@
 """Run a :class:`LaunchPlan` on torch's elastic agent, stop fast on failure, leave nothing behind.
 
-torch's ``elastic_launch`` does the rendezvous (c10d, static, etcd; elastic membership), starts
-each rank in its own session, and restarts the group after a failure or a change of membership.
-unidist adds: a new private folder per run (:mod:`~unidist.launch.rundir`) with per-rank log
-files from templates (a ``LogsSpecs``), a console that copies the chosen ranks' files
-(:mod:`~unidist.launch.console`), a watchdog that stops the surviving ranks a moment after one
-fails (SIGTERM, then SIGKILL after ``grace``: torch waits 30 s), a final SIGKILL of every rank's
+torch's ``elastic_launch`` does the rendezvous (c10d, static, etcd; elastic membership), starts each
+rank in its own session, and restarts the group after a failure or a change of membership. unidist
+adds: a new private folder per run (:mod:`~unidist.launch.plan.rundir`) with per-rank log files from
+templates (a ``LogsSpecs``), a console that copies the chosen ranks' files
+(:mod:`~unidist.launch.supervise.console`), a watchdog that stops the surviving ranks a moment after
+one fails (SIGTERM, then SIGKILL after ``grace``: torch waits 30 s), a final SIGKILL of every rank's
 process group so DataLoader workers of a crashed rank cannot linger, and the culprit report. On
-several nodes a relay (:mod:`~unidist.launch.relay`) tells every launcher of a rank that failed on
-another node, within about a second, and each stops its ranks and names that same culprit.
+several nodes a relay (:mod:`~unidist.launch.supervise.relay`) tells every launcher of a rank that
+failed on another node, within about a second, and each stops its ranks and names that same culprit.
 
 A rank counts as failed only on evidence: its own error record, or a non-zero exit status. A rank
 that leaves with ``os._exit(0)`` while the others still work is not a failure (torchrun agrees). A
@@ -37,23 +37,20 @@ from unidist import _env
 from unidist._progress import record as progress_record
 from unidist._progress.record import State
 from unidist.errors import ConfigurationError, LaunchError
-from unidist.launch import onenode, records, relay, rundir
-from unidist.launch._rank import STACK_SIGNAL
-from unidist.launch.console import Console
-from unidist.launch.exits import ExitClock
-from unidist.launch.hang import HANG_EXIT_CODE, HangReport, HangWatch, StragglerReport
-from unidist.launch.hang import write as write_report
-from unidist.launch.plan import LaunchPlan, probe_templates
+from unidist.launch import onenode, records
+from unidist.launch.plan import rundir
+from unidist.launch.plan.job import LaunchPlan, probe_templates
+from unidist.launch.rank.runtime import STACK_SIGNAL
 from unidist.launch.records import Slot, Start
 from unidist.launch.rendezvous import NODE_TIMEOUT
-from unidist.launch.report import (
-    RankOutcome,
-    Report,
-    analyse,
-    check_logs,
-    outcome_of,
-)
-from unidist.launch.watch import Observed, RankState, advance
+from unidist.launch.supervise import relay
+from unidist.launch.supervise.console import Console
+from unidist.launch.supervise.exits import ExitClock
+from unidist.launch.supervise.hang import HANG_EXIT_CODE, HangReport, HangWatch, StragglerReport
+from unidist.launch.supervise.hang import write as write_report
+from unidist.launch.supervise.outcome import RankOutcome, Status
+from unidist.launch.supervise.report import Report, analyse, check_logs, outcome_of
+from unidist.launch.supervise.watch import Observed, RankState, advance
 
 __all__ = ["Run", "launch_config", "run", "script_command"]
 
@@ -445,7 +442,7 @@ class _Watchdog(threading.Thread):
                 remote.rank,
                 remote.local_rank,
                 remote.host,
-                remote.kind,
+                Status(remote.kind),  # one of OWN + WAITED, or LOST: checked as it arrived
                 remote.detail,
                 remote.exit_code,
                 remote.time_ns,
@@ -854,4 +851,4 @@ def script_command(plan: LaunchPlan) -> tuple[str, list[str]]:
         target = ["--exec", str(plan.target)]
     else:
         target = ["-m", str(plan.target)] if plan.module else [str(plan.target)]
-    return sys.executable, ["-u", "-m", "unidist.launch._bootstrap", *target, *plan.args]
+    return sys.executable, ["-u", "-m", "unidist.launch.rank.bootstrap", *target, *plan.args]

@@ -1,9 +1,10 @@
 """What the launcher's watchdog knows of each rank: one state, moved by one transition function.
 
-The watchdog (:class:`unidist.launch.runner._Watchdog`) looks at every rank of the latest start a
-few times per torch agent interval and reports what it sees as events; :func:`advance` is the only
-code that changes a rank's :class:`RankWatch`. The culprit report (:mod:`unidist.launch.report`)
-is built from these states and the ranks' own error files. The states, and how a rank moves::
+The watchdog (:class:`unidist.launch.supervise.runner._Watchdog`) looks at every rank of the
+latest start a few times per torch agent interval and reports what it sees as events;
+:func:`advance` is the only code that changes a rank's :class:`RankWatch`. The culprit report
+(:mod:`unidist.launch.supervise.report`) is built from these states and the ranks' own error
+files. The states, and how a rank moves::
 
     RUNNING ── exited ──> FINISHED (status 0 or a done record)
        │                  FAILED   (an error file, or a non-zero status)
@@ -21,10 +22,8 @@ from __future__ import annotations
 import enum
 import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from unidist.launch.report import RankOutcome
+from unidist.launch.supervise.outcome import RankOutcome
 
 __all__ = ["Observed", "RankState", "RankWatch", "advance"]
 
