@@ -284,3 +284,46 @@ def test_the_shims_give_every_name_of_their_owners() -> None:
     for shim, names in owners.items():
         missing = sorted(n for n in names if not hasattr(shim, n))
         assert missing == [], f"{shim.__name__} lacks {missing}"
+
+
+def _owner_table_rows(page: str) -> list[str]:
+    """The first cell of every row of a page's ``| torch | unidist | Differences |`` tables."""
+    cells: list[str] = []
+    inside = False
+    for line in _read(page).splitlines():
+        if line.startswith("| torch | unidist | Differences |"):
+            inside = True
+        elif inside and line.startswith("| ") and not line.startswith("| --- "):
+            found = re.match(r"\| (.*?) \|", line)
+            assert found, line
+            cells.append(found.group(1))
+        elif not line.startswith("| "):
+            inside = False
+    return cells
+
+
+def test_every_row_of_the_torch_page_has_a_parity_test() -> None:
+    from tests.compat import _cases
+    from tests.compat._torch_rows import TORCH_ROWS
+
+    # The function rows: tests/compat/test_torch_parity.py's cases.
+    cased = {name.split("/")[0] for name in {**_cases.TORCH, **_cases.TORCH_REFUSED}}
+    tested = cased | {"init_process_group", "destroy_process_group"}
+    rows = _rows("migration/torch.md", "dist")
+    assert len(rows) > 10
+    assert rows - tested == set(), "dist. rows of docs/migration/torch.md without a case"
+    # The launcher and data/model rows: tests/compat/_torch_rows.py's tests.
+    cells = _owner_table_rows("migration/torch.md")
+    assert len(cells) > 20
+    assert len(cells) == len(set(cells)), "two rows with the same first cell"
+    assert sorted(set(cells) - set(TORCH_ROWS)) == [], "rows without a parity test"
+    assert sorted(set(TORCH_ROWS) - set(cells)) == [], "TORCH_ROWS names rows the page lacks"
+    for cell, tests in TORCH_ROWS.items():
+        assert tests, f"{cell}: no test"
+        for node in tests:
+            path, _, name = node.partition("::")
+            assert name, node
+            assert "[" not in name, node
+            source = ROOT / path
+            assert source.is_file(), f"{cell}: {path} does not exist"
+            assert f"def {name}(" in source.read_text(), f"{cell}: {node} does not exist"

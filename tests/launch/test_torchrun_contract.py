@@ -290,3 +290,21 @@ def test_rdzv_conf_quoted_twice_is_read_as_meant() -> None:
     expected = {"join_timeout": "5", "last_call_timeout": "1", "timeout": "5"}
     assert parse_conf(conf, "c10d") == expected
     assert parse_conf(conf.replace("'", '"'), "c10d") == expected
+
+
+def test_a_number_from_its_pet_variable_is_known_to_come_from_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # argparse converts the variable's text with the option's type (7.0 from "7"): it still
+    # counts as the variable's, so an option this torch's torchrun lacks ignores it, as torchrun.
+    from unidist.compat.torchrun import parse_args
+    from unidist.launch.plan.options import from_variable
+
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "7")
+    monkeypatch.setenv("PET_MAX_RESTARTS", "2")
+    args = parse_args(["job.py"])
+    assert (args.shutdown_timeout, args.max_restarts) == (7.0, 2)
+    assert from_variable(args, "shutdown_timeout")
+    assert from_variable(args, "max_restarts")
+    given = parse_args(["--shutdown-timeout", "9", "job.py"])
+    assert not from_variable(given, "shutdown_timeout")

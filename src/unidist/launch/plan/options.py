@@ -236,7 +236,19 @@ def from_variable(args: argparse.Namespace, dest: str) -> bool:
     """Whether option ``dest`` has the value of its ``PET_`` variable (the command line did not
     give another)."""
     values = getattr(args, "pet_values", {})
-    return dest in values and getattr(args, dest, None) == values[dest]
+    if dest not in values:
+        return False
+    current, raw = getattr(args, dest, None), values[dest]
+    if current == raw:
+        return True
+    # argparse converts a string default with the option's type: PET_SHUTDOWN_TIMEOUT=7 is the
+    # option's 7.0, not the text "7".
+    if isinstance(raw, str) and isinstance(current, int | float) and not isinstance(current, bool):
+        try:
+            return type(current)(raw) == current
+        except ValueError:
+            return False
+    return False
 
 
 def _sizing(parser: argparse.ArgumentParser) -> None:
