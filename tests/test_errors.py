@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from unidist.errors import DistributedTimeoutError, RemoteError, translate_errors
+from unidist.errors import (
+    DistributedTimeoutError,
+    RemoteError,
+    TorchFailure,
+    torch_failure,
+    translate_errors,
+)
 
 
 def test_a_peer_gone_becomes_a_remote_error_naming_the_call() -> None:
@@ -36,3 +44,32 @@ def test_a_block_that_succeeds_is_left_alone() -> None:
         done = True
     assert done
     assert entered is None
+
+
+def _dist_errors() -> tuple[type[Exception], type[Exception], type[Exception]]:
+    import torch.distributed as dist
+
+    return dist.DistStoreError, dist.DistNetworkError, dist.DistError
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda: RuntimeError("Connection reset by peer"), TorchFailure.PEER_GONE),
+        (
+            lambda: _dist_errors()[0]("wait timeout after 100ms, keys: /x"),
+            TorchFailure.STORE_TIMEOUT,
+        ),
+        (lambda: _dist_errors()[1]("Socket Timeout"), TorchFailure.NETWORK_TIMEOUT),
+        (lambda: RuntimeError("Timed out waiting 5ms for recv"), TorchFailure.TIMEOUT),
+        (lambda: _dist_errors()[2]("the store has no such key"), TorchFailure.COMMUNICATION),
+        (lambda: RuntimeError("NCCL error in: ProcessGroupNCCL.cpp"), TorchFailure.COMMUNICATION),
+        (lambda: RuntimeError("CUDA error: out of memory"), TorchFailure.OTHER),
+        (lambda: ValueError("timed out"), TorchFailure.OTHER),
+        (lambda: DistributedTimeoutError("timed out"), TorchFailure.OTHER),
+    ],
+)
+def test_torchs_untyped_failures_are_classified_in_one_place(
+    make: Callable[[], Exception], expected: TorchFailure
+) -> None:
+    assert torch_failure(make()) is expected

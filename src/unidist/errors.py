@@ -22,6 +22,8 @@ boundary (:func:`translate_errors`), keeping the original exception as ``__cause
 from __future__ import annotations
 
 import contextlib
+import enum
+import sys
 from types import TracebackType
 
 __all__ = [
@@ -36,7 +38,10 @@ __all__ = [
     "NotInitializedError",
     "RemoteError",
     "TopologyError",
+    "TorchFailure",
     "UnidistError",
+    "from_communication_library",
+    "torch_failure",
     "translate_errors",
     "translated",
 ]
@@ -128,7 +133,9 @@ class MicrobatchOOMError(UnidistError, RuntimeError):
     """
 
 
-# Fragments of torch.distributed / gloo / NCCL messages, mapped to the error class they mean.
+# Fragments of torch.distributed / gloo / NCCL messages, mapped to what they mean. torch raises
+# most of its failures as bare RuntimeErrors (or DistError subclasses that say little more), so
+# their text is read here, once: every caller asks :func:`torch_failure` and matches its answer.
 _TIMEOUT_MARKERS = ("timed out", "timeout", "deadline exceeded")
 _PEER_GONE_MARKERS = (
     "connection closed by peer",
@@ -138,6 +145,66 @@ _PEER_GONE_MARKERS = (
     "socket closed",
     "ncclremoteerror",
 )
+_NCCL_MARKERS = ("nccl error", "ncclunhandledcudaerror", "ncclsystemerror", "processgroupnccl")
+
+
+class TorchFailure(enum.Enum):
+    """What a failure raised by ``torch.distributed`` (or a framework over it) means."""
+
+    #: Another rank went away: a connection closed, reset or refused.
+    PEER_GONE = "peer gone"
+    #: A store wait ran out (``DistStoreError``: the key never came).
+    STORE_TIMEOUT = "store timeout"
+    #: A store's host did not answer in time (``DistNetworkError``: a socket timed out).
+    NETWORK_TIMEOUT = "network timeout"
+    #: A collective or another wait timed out.
+    TIMEOUT = "timeout"
+    #: Some other failure of the communication library (an NCCL or store error).
+    COMMUNICATION = "communication"
+    #: Not a communication failure that unidist recognises.
+    OTHER = "other"
+
+
+def torch_failure(exc: BaseException) -> TorchFailure:
+    """Classify ``exc`` once, where torch's untyped errors enter unidist.
+
+    Callers above match the answer (or the unidist error :func:`translated` makes of it), never
+    the message.
+    """
+    if isinstance(exc, UnidistError):
+        return TorchFailure.OTHER
+    try:
+        text = str(exc).lower()
+    except Exception:  # a broken __str__ must not hide the original error
+        text = ""
+    kind = type(exc).__name__
+    timed_out = any(marker in text for marker in _TIMEOUT_MARKERS)
+    if isinstance(exc, RuntimeError) and any(marker in text for marker in _PEER_GONE_MARKERS):
+        return TorchFailure.PEER_GONE
+    if kind == "DistStoreError" and timed_out:
+        return TorchFailure.STORE_TIMEOUT
+    if kind == "DistNetworkError" and timed_out:
+        return TorchFailure.NETWORK_TIMEOUT
+    if isinstance(exc, RuntimeError) and timed_out:
+        return TorchFailure.TIMEOUT
+    if from_communication_library(exc, text):
+        return TorchFailure.COMMUNICATION
+    return TorchFailure.OTHER
+
+
+def from_communication_library(exc: BaseException, text: str | None = None) -> bool:
+    """Whether ``exc`` comes from the communication library itself: a ``torch.distributed``
+    ``DistError`` (timeouts and lost peers of the store included) or an NCCL error."""
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None) if dist is not None else None
+    if dist_error is not None and isinstance(exc, dist_error):
+        return True
+    if text is None:
+        try:
+            text = str(exc).lower()
+        except Exception:  # a broken __str__ must not hide the original error
+            return False
+    return any(marker in text for marker in _NCCL_MARKERS)
 
 
 def translated(exc: BaseException, what: str) -> UnidistError | None:
@@ -152,13 +219,13 @@ def translated(exc: BaseException, what: str) -> UnidistError | None:
     """
     if isinstance(exc, UnidistError) or not isinstance(exc, RuntimeError):
         return None
-    text = str(exc).lower()
-    if any(marker in text for marker in _PEER_GONE_MARKERS):
+    failure = torch_failure(exc)
+    if failure is TorchFailure.PEER_GONE:
         return RemoteError(
             f"{what} failed because another rank went away: {exc}. HINT: look for the first "
             "rank that failed; this rank is collateral damage."
         )
-    if any(marker in text for marker in _TIMEOUT_MARKERS):
+    if failure in (TorchFailure.TIMEOUT, TorchFailure.STORE_TIMEOUT, TorchFailure.NETWORK_TIMEOUT):
         return DistributedTimeoutError(
             f"{what} timed out: {exc}. HINT: another rank is probably stuck, has crashed or "
             "never reached this call; check every rank's log."

@@ -77,7 +77,13 @@ from unidist._comm.wire import (
     encode_json,
     new_secret,
 )
-from unidist.errors import DistributedTimeoutError, RemoteError, UnidistError
+from unidist.errors import (
+    DistributedTimeoutError,
+    RemoteError,
+    TorchFailure,
+    UnidistError,
+    torch_failure,
+)
 
 __all__ = ["Combine", "ControlPlane", "ExpectedValues"]
 
@@ -420,7 +426,7 @@ class ControlPlane:
             self._store.set_timeout(left)
             data = bytes(self._store.get(call.outcome))
         except RuntimeError as exc:
-            if type(exc).__name__ == "DistStoreError" and "timeout" in str(exc).lower():
+            if torch_failure(exc) is TorchFailure.STORE_TIMEOUT:
                 raise self._timed_out(call, seconds, what) from exc
             raise self._failed(exc, what) from exc
         payload = self._seal.open(call.outcome, data)

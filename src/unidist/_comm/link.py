@@ -30,7 +30,7 @@ import weakref
 from datetime import timedelta
 from typing import Any
 
-from unidist.errors import DistributedTimeoutError, RemoteError
+from unidist.errors import DistributedTimeoutError, RemoteError, TorchFailure, torch_failure
 
 __all__ = ["UNANSWERED_BOUND", "Link", "connect_within", "find_connection", "sockets"]
 
@@ -80,7 +80,7 @@ class Link:
 
         Returns None for any other failure (a wait that ran out, a closed connection).
         """
-        if type(exc).__name__ != "DistNetworkError" or "timeout" not in str(exc).lower():
+        if torch_failure(exc) is not TorchFailure.NETWORK_TIMEOUT:
             return None
         self.broken = (
             f"{what}: {self.host}, which hosts unidist's control store, did not answer within "

@@ -169,7 +169,7 @@ class GradientAverager:
                 work.wait(timedelta(seconds=max(seconds, 0.001)))
         except Exception as exc:
             self.abandon()
-            if "timed out" in str(exc).lower():
+            if isinstance(exc, DistributedTimeoutError):  # translate_errors classified it
                 raise DistributedTimeoutError(
                     f"{what} did not complete within {seconds:g} s although every rank voted. "
                     "HINT: a rank stopped between its vote and the all-reduce; look at its log."

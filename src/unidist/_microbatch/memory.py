@@ -20,6 +20,8 @@ import gc
 import sys
 from collections.abc import Iterator
 
+from unidist.errors import from_communication_library
+
 __all__ = ["free_memory", "is_oom"]
 
 #: (substring of the message, what raised it). Checked in order; matching is case-sensitive,
@@ -52,9 +54,6 @@ _MESSAGES: tuple[tuple[str, str], ...] = (
     ("DefaultCPUAllocator: not enough memory", "the CPU allocator"),
     ("RESOURCE_EXHAUSTED: Out of memory", "the XLA (TPU) allocator"),
 )
-
-#: Message fragments of failed collectives: the communicator is gone, so never "just an OOM".
-_COMMUNICATION = ("NCCL error", "ncclUnhandledCudaError", "ncclSystemError", "ProcessGroupNCCL")
 
 #: How deep to follow causes and contexts (chains are short; cycles are cut separately).
 _MAX_DEPTH = 32
@@ -130,12 +129,8 @@ def _oom_type(exc: BaseException) -> str | None:
 
 
 def _is_communication_failure(exc: BaseException) -> bool:
-    dist = sys.modules.get("torch.distributed")
-    dist_error = getattr(dist, "DistError", None) if dist is not None else None
-    if dist_error is not None and isinstance(exc, dist_error):
-        return True
-    text = _text(exc)
-    return any(fragment in text for fragment in _COMMUNICATION)
+    # A failed collective (the communicator is gone) is never "just an OOM".
+    return from_communication_library(exc)
 
 
 def _text(exc: BaseException) -> str:
