@@ -690,8 +690,8 @@ def spawned(local_rank: int, world: int, out: str, value: int) -> list[int]:
     dist.all_reduce(total)
     result = [local_rank, dist.get_rank(), dist.get_world_size(), int(total.item())]
     Path(out, f"{local_rank}.json").write_text(json.dumps(result))
-    # torch < 2.8's own destroy_process_group can deadlock in gloo with several ranks.
-    if started_here and (world == 1 or not GLOO_TEARDOWN_DEADLOCK.present()):
+    # torch < 2.8's own destroy_process_group can deadlock in gloo's teardown (one rank too).
+    if started_here and not GLOO_TEARDOWN_DEADLOCK.present():
         dist.destroy_process_group()
     return result
 
