@@ -9,11 +9,13 @@ that every row of the page has one.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -690,8 +692,14 @@ def spawned(local_rank: int, world: int, out: str, value: int) -> list[int]:
     dist.all_reduce(total)
     result = [local_rank, dist.get_rank(), dist.get_world_size(), int(total.item())]
     Path(out, f"{local_rank}.json").write_text(json.dumps(result))
-    # torch < 2.8's own destroy_process_group can deadlock in gloo's teardown (one rank too).
-    if started_here and not GLOO_TEARDOWN_DEADLOCK.present():
+    if started_here:
+        if GLOO_TEARDOWN_DEADLOCK.present():
+            # torch < 2.8's destroy can deadlock joining gloo's workers with the GIL held
+            # (pytorch PR #154976), and a child left with an open group aborted at exit
+            # (SIGABRT) once beside a busy machine: let the workers finish first, as
+            # unidist.finalize does.
+            gc.collect()
+            time.sleep(0.1)
         dist.destroy_process_group()
     return result
 
