@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import unidist
-from tests.launch.helpers import free_port, launch
+from tests.launch.helpers import LOGS_SPECS, free_port, launch
 from tests.launch.test_torchrun_contract import PER_RUN, TORCHRUN_VARIABLES
 from unidist._workarounds import GLOO_AVG_SUMS, GLOO_TEARDOWN_DEADLOCK
 from unidist.testing import run_distributed
@@ -399,21 +399,6 @@ def test_torchruns_program_options_run_the_same_program(tmp_path: Path, form: st
     theirs = _ran(tmp_path, "torchrun", _torchrun, options, env=env, target=target)
     mine = _ran(tmp_path, "unidist", _unidist, options, env=env, target=target)
     _assert_same_ranks(theirs, mine, 2)
-
-
-LOGS_SPECS = """
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
-
-class NamedLogsSpecs(DefaultLogsSpecs):
-    '''torch's default placement, marked in the ranks' environment.'''
-
-    def reify(self, envs):
-        dest = super().reify(envs)
-        for local in envs:
-            envs[local]["CHOSEN_BY"] = "named-logs"
-        return dest
-"""
 
 
 def test_logs_specs_takes_the_entry_point_torchrun_takes(tmp_path: Path) -> None:

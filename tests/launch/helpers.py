@@ -148,3 +148,20 @@ def start_store_host() -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+#: A ``torchrun.logs_specs`` plugin: torch's default placement, marked in the ranks'
+#: environment (``CHOSEN_BY``) so a test knows it ran.
+LOGS_SPECS = """
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+
+class NamedLogsSpecs(DefaultLogsSpecs):
+    '''torch's default placement, marked in the ranks' environment.'''
+
+    def reify(self, envs):
+        dest = super().reify(envs)
+        for local in envs:
+            envs[local]["CHOSEN_BY"] = "named-logs"
+        return dest
+"""

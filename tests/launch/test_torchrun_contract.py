@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import free_port, launch, run_folder
+from tests.launch.helpers import LOGS_SPECS, free_port, launch, run_folder
 
 pytestmark = pytest.mark.multiprocess
 
@@ -236,21 +236,6 @@ def test_the_log_line_prefix_variable(tmp_path: Path) -> None:
     assert "<default:1> hello from 1" in done.stdout
     done = launch("-n", "2", "--log-line-prefix-template", "R${rank}| ", str(script), env=env)
     assert "R1| hello from 1" in done.stdout
-
-
-LOGS_SPECS = """
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-
-
-class NamedLogsSpecs(DefaultLogsSpecs):
-    '''torch's default placement, marked so the test knows it ran.'''
-
-    def reify(self, envs):
-        dest = super().reify(envs)
-        for local in envs:
-            envs[local]["CHOSEN_BY"] = "named-logs"
-        return dest
-"""
 
 
 def test_logs_specs_takes_torchruns_entry_points(tmp_path: Path) -> None:
