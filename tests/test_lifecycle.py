@@ -59,6 +59,45 @@ def test_repeated_start_work_finalize_never_hangs(adapter: str, rounds: int) -> 
     assert results == [[3.0] * rounds, [3.0] * rounds]
 
 
+def rounds_while_groups_are_read(adapter: str, rounds: int) -> tuple[list[float], int]:
+    """start/work/finalize while another thread reads the groups as fast as it can.
+
+    The progress sampler reads every group's sequence number from its own thread, ten times a
+    second; here a thread does it without pause, so a read overlaps every teardown.
+    """
+    import threading
+
+    from unidist._progress import sampler
+
+    stop = threading.Event()
+    reads = [0]
+
+    def read() -> None:
+        while not stop.is_set():
+            if sampler._sequences() is not None:
+                reads[0] += 1
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        totals = start_work_finalize(adapter, rounds)
+    finally:
+        stop.set()
+        reader.join(timeout=10)
+    return totals, reads[0]
+
+
+@pytest.mark.parametrize("adapter", FRAMEWORKS)
+def test_a_thread_reading_the_groups_never_outlives_their_teardown(adapter: str) -> None:
+    # A group whose last reference the reader dropped after destroy_process_group kept rank 0's
+    # store serving MASTER_PORT: the next round joined it, read the last round's addresses and
+    # failed ("Connection reset by peer"), or, on torch 2.7, gloo's destructor deadlocked.
+    results = run_distributed(rounds_while_groups_are_read, adapter, 8, init=False, timeout=180)
+    for totals, reads in results:
+        assert totals == [3.0] * 8
+        assert reads > 0  # the reader did read the groups between the teardowns
+
+
 def adopt_users_group() -> tuple[int, str, bool, bool, float]:
     import os
 

@@ -9,9 +9,11 @@ the session a collective runs on, adopting a process group that someone else cre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,8 +30,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Session",
     "check_against_live_group",
+    "GroupGuard",
     "effective_reading",
     "env_reading",
+    "groups",
     "install",
     "lock",
     "published",
@@ -66,6 +70,53 @@ class Session:
 
 #: Held while a session is started or published (re-entrant: start-up may adopt).
 lock = threading.RLock()
+
+
+class GroupGuard:
+    """Keeps other threads from holding process-group objects while unidist destroys them.
+
+    A group whose last reference another thread drops late outlives ``destroy_process_group``:
+    its store keeps serving ``MASTER_PORT``, so the next ``init_process_group`` on rank 0 joins
+    that old store (torch shares one server per port) and reads the last group's addresses, and
+    the new group never forms; on torch < 2.8 the late drop can also run gloo's destructor on
+    that thread, which deadlocks (:mod:`unidist._workarounds`). The progress sampler reads the
+    groups' sequence numbers from its own thread, so it takes the guard without blocking
+    (:meth:`try_hold`) and skips a look when it cannot; unidist's teardown holds it
+    (:meth:`closing`), and readers stand back as soon as a teardown asks, so it never starves.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+
+    def try_hold(self) -> bool:
+        """Hold the guard if no teardown wants it (never blocks); :meth:`release` after."""
+        if self._closing.is_set():
+            return False
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def closing(self, seconds: float = 10.0) -> Iterator[None]:
+        """Hold the guard while the groups are destroyed.
+
+        Waits at most ``seconds`` for a reader to let go (one holds it for microseconds; the
+        bound covers a reader starved of the GIL), then goes ahead regardless.
+        """
+        self._closing.set()
+        held = self._lock.acquire(timeout=seconds)
+        try:
+            yield
+        finally:
+            self._closing.clear()
+            if held:
+                self._lock.release()
+
+
+#: The one guard over this process's process-group objects (see :class:`GroupGuard`).
+groups = GroupGuard()
 _session: Session | None = None
 _serial: Session | None = None
 _reading: EnvReading | None = None

@@ -370,13 +370,14 @@ def finalize() -> None:
 
 def _teardown(session: Session) -> None:
     """Stop what ``session`` started: its control group, and the process group if it owns it."""
-    if session.torch_backed and GLOO_TEARDOWN_DEADLOCK.present():
-        _release_gil_briefly()
-        if not session.owns_group and session.control is not None:
-            import torch.distributed as dist
+    with _state.groups.closing():  # no other thread holds a group while they are destroyed
+        if session.torch_backed and GLOO_TEARDOWN_DEADLOCK.present():
+            _release_gil_briefly()
+            if not session.owns_group and session.control is not None:
+                import torch.distributed as dist
 
-            dist.destroy_process_group(session.control)
-    session.adapter.finalize()
+                dist.destroy_process_group(session.control)
+        session.adapter.finalize()
 
 
 def session_for(what: str) -> Session:

@@ -140,3 +140,46 @@ def test_the_thread_writes_steps_motion_and_answers_for_stacks(
     err = capfd.readouterr().err  # type: ignore[attr-defined]
     assert "stacks of every thread" in err
     assert "MainThread" in err
+
+
+def test_the_sampler_stands_back_while_unidist_destroys_the_groups() -> None:
+    from unidist import _state
+
+    guard = _state.GroupGuard()
+    assert guard.try_hold()
+    guard.release()
+    reader_holds = threading.Event()
+    let_go = threading.Event()
+
+    def reader() -> None:
+        assert guard.try_hold()
+        reader_holds.set()
+        let_go.wait(30)
+        guard.release()
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    assert reader_holds.wait(30)
+    inside = threading.Event()
+
+    def teardown() -> None:
+        with guard.closing(seconds=30):
+            inside.set()
+            assert not guard.try_hold()  # a reader that comes now stands back
+
+    closer = threading.Thread(target=teardown, daemon=True)
+    closer.start()
+    assert not inside.wait(0.2)  # the teardown waits for the reader that holds the groups
+    let_go.set()
+    assert inside.wait(30)
+    closer.join(30)
+    assert guard.try_hold()  # and readers come back once it is done
+    guard.release()
+
+
+def test_the_sampler_skips_a_look_while_the_groups_are_destroyed() -> None:
+    from unidist import _state
+
+    with _state.groups.closing(seconds=1):
+        assert sampler._sequences() is None
+    assert sampler._sequences() == (0, 0)  # no process group in this process

@@ -30,6 +30,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
+from unidist import _state
 from unidist._progress.record import State, Writer
 
 __all__ = ["TICK", "Sampler", "finish", "start", "step"]
@@ -92,7 +93,7 @@ def failed(exc: BaseException) -> None:
     with contextlib.suppress(Exception):  # the record is best effort; the error file is not
         state, op, user, where, _ = classify(tb.tb_frame, sampler._places)
         if state is State.COLLECTIVE:
-            world, total = _sequences()
+            world, total = _sequences() or (0, 0)
             sampler.writer.values.update(
                 state=int(state),
                 op=op,
@@ -176,12 +177,25 @@ def _show(frame: FrameType) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}"
 
 
-def _sequences() -> tuple[int, int]:
-    """(the world group's sequence number, the sum over every group): 0s before init."""
+def _sequences() -> tuple[int, int] | None:
+    """(the world group's sequence number, the sum over every group): 0s before init.
+
+    None when unidist is destroying the groups right now (see :data:`unidist._state.groups`):
+    this thread must never hold the last reference to a group that is being destroyed.
+    """
     dist = sys.modules.get("torch.distributed")
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     if dist is None or c10d is None:
         return 0, 0
+    if not _state.groups.try_hold():
+        return None
+    try:
+        return _read_sequences(dist, c10d)  # its references go when it returns
+    finally:
+        _state.groups.release()
+
+
+def _read_sequences(dist: Any, c10d: Any) -> tuple[int, int]:
     with contextlib.suppress(Exception):  # not available, not initialised, torn down meanwhile
         if not dist.is_available() or not dist.is_initialized():
             return 0, 0
@@ -226,14 +240,14 @@ class Sampler(threading.Thread):
             if state is State.USER and self._key is not None:
                 values["motion"] = int(values["motion"]) + 1
             self._key = key
-        world, total = _sequences()
+        sequences = _sequences()
+        if sequences is not None:  # else the groups are being destroyed: keep the last numbers
+            values.update(world_seq=sequences[0], all_seq=sequences[1])
         values.update(
             beat=now,
             ticks=int(values["ticks"]) + 1,
             steps=_steps,
             step_at=_step_at,
-            world_seq=world,
-            all_seq=total,
             state=int(state),
             op=op,
             frame=user,
