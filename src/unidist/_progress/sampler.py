@@ -16,8 +16,8 @@ to the script), it wakes ten times a second and writes the rank's progress recor
 A look holds the groups for microseconds, and never while unidist destroys them (a group whose
 last reference this thread dropped late would outlive its teardown: see
 :class:`unidist._state.GroupGuard`). A script that calls ``dist.destroy_process_group`` itself
-and at once starts a new group on the same ``MASTER_PORT`` is not covered by that guard; it can
-call :func:`unidist.finalize` instead, which is.
+and at once starts a new group on the same ``MASTER_PORT`` is not covered by that guard; a
+group that :func:`unidist.initialize` started and :func:`unidist.finalize` ends is.
 
 It also answers the launcher's request for a dump of every thread's stack (to stderr, the rank's
 log). The thread needs the GIL for a few tens of microseconds per look; a main thread stuck in C
