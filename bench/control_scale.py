@@ -316,7 +316,7 @@ def two_ranks(rounds: int, blocks: int) -> dict[str, list[float]]:
     server = old_server() if rank == 0 else None
     port = unidist.broadcast_object(server.port if server is not None else None)
     old = OldPlane(server if server is not None else old_client(port), rank)
-    new = session.plane
+    new = session.comm.plane
     assert new is not None
     contenders: dict[str, Callable[[], object]] = {
         "old vote": lambda: old.exchange(members, OLD_VOTE, True, members, SECONDS, "vote"),

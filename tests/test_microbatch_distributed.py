@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
 from unidist import lifecycle
+from unidist._comm.communicator import CollectiveCommunicator
 from unidist.errors import DistributedTimeoutError, MicrobatchOOMError
 from unidist.testing import OOMBudget, run_distributed
 
@@ -173,7 +174,7 @@ def abort_early() -> list[int]:
     """Rank 1 runs out at once; rank 0 waits for its flag, then must abandon its attempt."""
     model = DDP(make_model())
     mb = unidist.MicroBatcher(model, policy=unidist.SizePolicy(start=4), abort_check_interval=0)
-    plane = lifecycle.session_for("test").plane
+    plane = lifecycle.session_for("test").comm.plane
     assert plane is not None
     calls: list[int] = []
 
@@ -237,8 +238,8 @@ def test_batchnorm_buffers_are_restored_and_broadcast_like_ddp() -> None:
 def without_control_plane() -> dict:
     """No control store: votes go over the gloo group; a plain module averages by itself."""
     session = lifecycle.session_for("test")
-    # Keep rank 0's store alive: the other ranks may still be connecting to it.
-    kept, session.plane = session.plane, None
+    # Keep rank 0's store alive (in the kept communicator): other ranks may still use it.
+    kept, session.comm = session.comm, CollectiveCommunicator(session)
     model, reference = make_model(), DDP(make_model())
     mb = unidist.MicroBatcher(model, sync_gradients=True)
     with OOMBudget({0: 3}).attach(model):
@@ -247,7 +248,7 @@ def without_control_plane() -> dict:
             mb.step((x, y), mse(model))
             reference.zero_grad()
             F.mse_loss(reference(x), y).backward()
-    session.plane = kept
+    session.comm = kept
     return {"size": mb.size, "grad_err": worst_relative(model, reference, grads=True)}
 
 
@@ -278,7 +279,7 @@ def test_a_rank_that_never_votes_times_out_by_name() -> None:
 def store_keys_over_steps() -> list[int]:
     model = DDP(make_model())
     mb = unidist.MicroBatcher(model)
-    plane = lifecycle.session_for("test").plane
+    plane = lifecycle.session_for("test").comm.plane
     assert plane is not None
     counts = []
     with OOMBudget({1: 3}).attach(model.module):

@@ -9,16 +9,17 @@ import pytest
 
 import unidist
 from unidist import _state, sync
+from unidist._comm.communicator import CollectiveCommunicator
 from unidist.testing import run_distributed
 
 
 def _without_control_store() -> dict[str, Any]:
     session = _state.published()
     assert session is not None
-    assert session.plane is not None
-    held = session.plane  # rank 0 hosts the store: keep it alive for finalize
+    assert session.comm.plane is not None
+    held = session.comm  # rank 0 hosts the store: keep it alive for finalize
     unidist.barrier()
-    session.plane = None  # as under an adapter that is not built on torch.distributed
+    session.comm = CollectiveCommunicator(session)  # as under an adapter without torch.distributed
 
     def refuse(*args: object, **kwargs: object) -> object:
         raise AssertionError("sync unpickled something")
@@ -28,7 +29,7 @@ def _without_control_store() -> dict[str, Any]:
         return _agree_and_exchange()
     finally:
         pickle.loads = unpickle
-        session.plane = held
+        session.comm = held
 
 
 def _agree_and_exchange() -> dict[str, Any]:
@@ -61,3 +62,33 @@ def test_agree_and_exchange_without_a_control_store_send_json_not_pickles() -> N
 def test_exchange_takes_its_flags_by_keyword() -> None:
     with pytest.raises(TypeError):
         sync.exchange(None, True, [0], 10, "x")  # type: ignore[misc]
+
+
+def _communicator_clause_and_wrapping_without_torch() -> tuple[str, str]:
+    from torch import nn
+
+    from unidist.testing.conformance import clause_communicator
+
+    session = _state.published()
+    assert session is not None
+    held = session.comm
+    unidist.barrier()
+    session.comm = CollectiveCommunicator(session)
+    try:
+        clause_communicator()  # agreements over the adapter's gather; flags nobody else sees
+        try:
+            unidist.auto_model(nn.Linear(2, 2), device="cpu")
+            refused = "not refused"
+        except unidist.ConfigurationError as exc:
+            refused = str(exc)
+        return session.comm.kind, refused
+    finally:
+        session.comm = held
+
+
+@pytest.mark.multiprocess
+def test_without_torch_distributed_the_waits_work_and_torch_wrappers_are_refused() -> None:
+    for kind, refused in run_distributed(_communicator_clause_and_wrapping_without_torch):
+        assert kind == "collectives"
+        assert "does not run on torch.distributed, which DDP, FSDP and TP need" in refused
+        assert "adapter='torch'" in refused

@@ -19,11 +19,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from unidist import _env
+from unidist._comm.communicator import Communicator, SerialCommunicator
 from unidist.adapters import registry
 from unidist.errors import TopologyError
 
 if TYPE_CHECKING:
-    from unidist._comm.control import ControlPlane
     from unidist._env import EnvReading, Topology
     from unidist.adapters.base import Adapter
 
@@ -62,8 +62,9 @@ class Session:
     control: Any = None
     #: Whether torch.distributed carries this session.
     torch_backed: bool = False
-    #: Store-based waits with their own deadlines (None: waits are bounded by ``timeout``).
-    plane: ControlPlane | None = None
+    #: Waits with deadlines, votes, flags and side groups (:mod:`unidist._comm.communicator`),
+    #: chosen once by :func:`unidist.initialize`; one process alone until then.
+    comm: Communicator = field(default_factory=SerialCommunicator)
     #: The process that created the session: process groups do not survive fork.
     pid: int = field(default_factory=os.getpid)
 

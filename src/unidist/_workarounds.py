@@ -8,8 +8,8 @@ workaround works; on a fixed torch the bug is absent without it.
 ========================  ====================  ===========================================
 bug                       affected torch        worked around in
 ========================  ====================  ===========================================
-gloo teardown deadlock    < 2.8                 ``lifecycle.finalize`` (GIL released before
-(pytorch PR #154976)                            the destroy), ``launch.rank.runtime``
+gloo teardown deadlock    < 2.8                 ``_comm.communicator`` (finalize releases the
+(pytorch PR #154976)                            GIL before the destroy), ``launch.rank.runtime``
                                                 (destroyed groups kept until a GIL-released
                                                 exit)
 gloo aborts at exit       >= 2.8 (seen on       ``launch.rank.runtime`` (the groups a script

@@ -126,12 +126,8 @@ def new_group(ranks: Sequence[int]) -> Group:
         return Group(chosen, chosen, None)
     with translate_errors(f"new_group({list(chosen)})"):
         handle = session.adapter.new_group(chosen)
-        control = handle
-        if session.torch_backed and session.backend != "gloo":
-            import torch.distributed as dist
-
-            control = dist.new_group(ranks=list(chosen), backend="gloo", timeout=session.timeout)
-    return Group(chosen, handle, control)
+        companion = session.comm.companion(chosen)  # a gloo group beside an NCCL one
+    return Group(chosen, handle, handle if companion is None else companion)
 
 
 def _all_ints(values: Sequence[object]) -> bool:

@@ -10,21 +10,18 @@ the published one, a process group someone else started (adopted here), or a wor
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from unidist import _env, _state
-from unidist._comm import listen, transport
+from unidist._comm import communicator, listen, transport
 from unidist._comm.control import ControlPlane
 from unidist._migration import foreign_keywords
 from unidist._state import Session
-from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.adapters import registry
 from unidist.errors import (
     ConfigurationError,
@@ -53,8 +50,6 @@ __all__ = [
 
 #: Seconds a collective may wait before it fails (``UNIDIST_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT = 300.0
-#: How long finalize lets gloo's worker threads drop their last tensors (see _release_gil_briefly).
-_GLOO_DRAIN_SECONDS = 0.1
 
 
 #: Keywords of torch's ``init_process_group`` that Ignite's ``initialize(backend, **kwargs)``
@@ -152,6 +147,7 @@ def _start(
         reason=reason,
         torch_backed=_state.torch_group_is_live(),
     )
+    session.comm = communicator.choose(session)  # the control store joins it once started
     try:
         _complete(session)
     except BaseException:
@@ -225,7 +221,9 @@ def _complete(session: Session) -> None:
         _survey(session, reading) if reading.world_size > 1 else (reading.topology(), True)
     )
     if session.torch_backed and reading.world_size > 1:
-        session.plane = _start_control_plane(session, reading, one_host)
+        session.comm = communicator.choose(
+            session, _start_control_plane(session, reading, one_host)
+        )
     view = session.adapter.topology(topology)
     mismatched = [
         f"{name}: {getattr(view, name)} (adapter) vs {getattr(topology, name)} (unidist)"
@@ -371,12 +369,7 @@ def finalize() -> None:
 def _teardown(session: Session) -> None:
     """Stop what ``session`` started: its control group, and the process group if it owns it."""
     with _state.groups.closing():  # no other thread holds a group while they are destroyed
-        if session.torch_backed and GLOO_TEARDOWN_DEADLOCK.present():
-            _release_gil_briefly()
-            if not session.owns_group and session.control is not None:
-                import torch.distributed as dist
-
-                dist.destroy_process_group(session.control)
+        session.comm.close()
         session.adapter.finalize()
 
 
@@ -413,19 +406,6 @@ def session_for(what: str) -> Session:
         f"({reading.launcher}), but none has been initialized. HINT: call unidist.initialize() "
         "on every rank before the first collective."
     )
-
-
-def _release_gil_briefly() -> None:
-    """Let gloo's worker threads finish before its process group is destroyed (torch < 2.8).
-
-    torch < 2.8's ``ProcessGroupGloo`` destructor joins its worker threads while holding the GIL
-    (fixed by pytorch PR #154976, first released in 2.8; see :mod:`unidist._workarounds`). A
-    worker that is still releasing a finished collective may drop the last reference to a tensor
-    whose Python object it must free, which needs the GIL: a deadlock. Sleeping releases the GIL,
-    so those workers finish first.
-    """
-    gc.collect()
-    time.sleep(_GLOO_DRAIN_SECONDS)
 
 
 def is_initialized() -> bool:

@@ -14,10 +14,10 @@ How the ranks agree (one vote per attempt, at a point every rank reaches):
    microbatches (one store round trip, at most every ``abort_check_interval`` seconds) and
    abandon their attempt early. Nothing waits there.
 3. At the end of the attempt every rank votes ``ok``/``oom``/``aborted``/``error`` through the
-   control store (``session.plane``, not the device or NCCL; without one, over the gloo control
-   group): one rank tallies the votes and every rank reads the same tally (a few store
-   operations per rank, whatever the world size). The same tally gives the same decision
-   everywhere.
+   session's communicator (unidist's control store, not the device or NCCL; without a store,
+   over the gloo control group): one rank tallies the votes and every rank reads the same tally
+   (a few store operations per rank, whatever the world size). The same tally gives the same
+   decision everywhere.
 4. All ``ok``: gradients are averaged by hand over DDP's group (see
    :mod:`unidist._microbatch.averaging`; after the first good vote, the first bucket's
    all-reduce starts before each vote and runs while the ranks vote).

@@ -1,9 +1,11 @@
 """Waits that involve every rank: barriers (optionally with their own deadline), agreements, flags.
 
-Waits with a deadline go through unidist's control store (:mod:`unidist._comm.control`): a
-collective cannot be abandoned cleanly, a store wait can, and the arrivals recorded so far name
-the missing ranks. Each costs every rank a few store operations whatever the world size.
-Features above (one-rank helpers, the microbatch vote) use these, never the store itself.
+Each goes through the session's communicator (:mod:`unidist._comm.communicator`), chosen once
+by :func:`unidist.initialize`: on torch.distributed, unidist's control store
+(:mod:`unidist._comm.control`; a collective cannot be abandoned cleanly, a store wait can, and
+the arrivals recorded so far name the missing ranks; each costs every rank a few store
+operations whatever the world size). Features above (one-rank helpers, the microbatch vote) use
+these, never the store itself.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from unidist import _env, _migration, collectives, lifecycle
+from unidist import _env, _migration, lifecycle
 from unidist._comm.control import ExpectedValues
-from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
+from unidist._comm.wire import Json
 from unidist.errors import ConfigurationError, translate_errors
 from unidist.groups import Group, members
 
@@ -63,17 +65,15 @@ def timed_barrier(
 ) -> None:
     """A barrier that gives up after ``timeout`` on every rank and names the missing ranks.
 
-    It goes through unidist's control store (see :mod:`unidist._comm.control`): a collective
-    cannot be abandoned cleanly, a store wait can. Without a control store (an adapter that is not
-    built on torch.distributed) it is the adapter's barrier, bounded by the session timeout.
+    It goes through the session's communicator (:mod:`unidist._comm.communicator`): over
+    unidist's control store where there is one (a collective cannot be abandoned cleanly, a
+    store wait can); under an adapter that is not built on torch.distributed it is the
+    adapter's barrier, bounded by the session timeout.
     """
     seconds = _env.timeout_seconds(timeout)
-    if session.plane is None:
-        with translate_errors(what):
-            session.adapter.barrier(group.handle if group is not None else None)
-        return
     ranks = group.ranks if group is not None else range(session.topology.world_size)
-    session.plane.barrier(tuple(ranks), seconds, what)
+    handle = group.handle if group is not None else None
+    session.comm.barrier(tuple(ranks), handle, seconds, what)
 
 
 def exchange(
@@ -96,12 +96,9 @@ def exchange(
     session = lifecycle.session_for(what)
     seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
     world = tuple(range(session.topology.world_size))
-    if session.plane is not None:
-        return session.plane.exchange(
-            world, value, publish=publish, wait_for=wait_for, seconds=seconds, what=what
-        )
-    everyone = _gather_json(value if publish else None, what)
-    return {rank: everyone[rank] for rank in wait_for}
+    return session.comm.exchange(
+        world, value, publish=publish, wait_for=wait_for, seconds=seconds, what=what
+    )
 
 
 def agree(
@@ -126,23 +123,7 @@ def agree(
     session = lifecycle.session_for(what)
     seconds = _env.timeout_seconds(timeout if timeout is not None else session.timeout)
     world = tuple(range(session.topology.world_size))
-    if session.plane is not None:
-        return session.plane.agree(world, value, combine, seconds, what, expected)
-    everyone = _gather_json(value, what)
-    outcome = combine(dict(enumerate(everyone)))
-    return decode_json(encode_json(outcome, what, MAX_OUTCOME_BYTES))
-
-
-def _gather_json(value: Json, what: str) -> list[Json]:
-    """Every rank's ``value`` without a control store: JSON bytes in a tensor, never a pickle.
-
-    The same encoding and limits as over the store, so both paths give the same values.
-    """
-    import torch
-
-    data = encode_json(value, what)
-    parts = collectives.all_gather_uneven(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    return [decode_json(part.numpy().tobytes()) for part in parts]
+    return session.comm.agree(world, value, combine, seconds, what, expected)
 
 
 class Flag:
@@ -156,26 +137,24 @@ class Flag:
 
     def __init__(self, session: Session, *parts: object) -> None:
         self.name = "/".join(str(part) for part in parts)
-        self._plane = session.plane if session.topology.world_size > 1 else None
+        self._signal = session.comm.signal(self.name)
 
     @property
     def usable(self) -> bool:
         """Whether other ranks can see this flag."""
-        return self._plane is not None
+        return self._signal.usable
 
     def raise_flag(self) -> None:
         """Raise the flag (visible to every rank at once; it never waits)."""
-        if self._plane is not None:
-            self._plane.raise_flag(self.name)
+        self._signal.raise_flag()
 
     def is_raised(self) -> bool:
         """Whether some rank raised the flag (one store round trip; never waits)."""
-        return self._plane is not None and self._plane.flag_is_raised(self.name)
+        return self._signal.is_raised()
 
     def lower(self) -> None:
         """Delete the flag (call it once no rank can still be looking at it)."""
-        if self._plane is not None:
-            self._plane.lower_flag(self.name)
+        self._signal.lower()
 
 
 # Ignite's ``idist.sync()`` is a function; here ``unidist.sync`` is this module: calling it

@@ -433,7 +433,7 @@ def all_kinds(rounds: int) -> tuple[list[Json], int]:
         with unidist.one_rank_first(rank=step % world, timeout=20):
             pass
         seen.append(only_one(step))
-    plane = lifecycle.session_for("test").plane
+    plane = lifecycle.session_for("test").comm.plane
     assert plane is not None
     return seen, plane._store.num_keys() if rank == 0 else 0
 
@@ -576,7 +576,7 @@ def job_under_attack(folder: str, seconds: float) -> tuple[int, list[Json]]:
     import subprocess
     import sys
 
-    plane = lifecycle.session_for("test").plane
+    plane = lifecycle.session_for("test").comm.plane
     assert plane is not None
     attacker = None
     if unidist.get_rank() == 0:

@@ -22,11 +22,14 @@ import time
 from collections.abc import Iterable
 from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unidist import _state
 from unidist._resume import workers
 from unidist.errors import ConfigurationError, translate_errors
+
+if TYPE_CHECKING:
+    from unidist._comm.communicator import SideChannel
 
 #: Seconds between looks at the flag while waiting for this rank's own signal.
 _POLL = 0.05
@@ -108,11 +111,9 @@ class StopVote:
     never waits for the network, and every rank reads the same verdict at the same step: a
     signal stops the job within two vote intervals, about a second, at one step on every rank.
 
-    It runs on a gloo group of its own: a CPU tensor, so on GPUs it neither synchronises a
-    stream nor queues behind NCCL work, and with gloo training it does not queue in front of
-    DDP's gradient reductions either (a group runs its collectives one after another). One
-    rank alone, or no torch process group, has nothing to ask: its own flag is the verdict at
-    once.
+    It runs on the communicator's side channel (a gloo group of its own, see
+    :class:`unidist._comm.communicator.SideChannel`). One rank alone, or no torch process group,
+    has nothing to ask: its own flag is the verdict at once.
     """
 
     #: Seconds of training between votes that the ranks aim for.
@@ -122,7 +123,7 @@ class StopVote:
 
     def __init__(self) -> None:
         self._live = False
-        self._group: Any = None
+        self._channel: SideChannel | None = None
         self._work: Any = None
         self._flags: tuple[Any, Any] = (None, None)
         self._turn = 0
@@ -132,13 +133,13 @@ class StopVote:
     def start(self) -> None:
         """Make the vote's group (collective: every rank calls it at the same point)."""
         session = _state.published()
-        if session is None or not session.torch_backed or session.topology.world_size < 2:
+        if session is None:
+            return
+        self._channel = session.comm.side_channel("ResumableState's stop vote")
+        if self._channel is None:  # one rank, or no torch process group: its own flag decides
             return
         import torch
-        import torch.distributed as dist
 
-        with translate_errors("creating the gloo group of ResumableState's stop vote"):
-            self._group = dist.new_group(backend="gloo", timeout=session.timeout)
         self._flags = (torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))
         self._live = True
 
@@ -149,8 +150,7 @@ class StopVote:
             return flag
         if step < self._next:
             return 0
-        import torch.distributed as dist
-
+        assert self._channel is not None
         verdict, interval = 0, 1
         now = time.monotonic()
         with translate_errors("ResumableState's stop vote (an all_reduce of two integers)"):
@@ -162,9 +162,7 @@ class StopVote:
             buffer = self._flags[self._turn]
             buffer[0] = flag
             buffer[1] = -self._proposal(step, now)
-            self._work = dist.all_reduce(
-                buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True
-            )
+            self._work = self._channel.max_started(buffer)
         self._next = step + max(1, min(interval, self.MAX_INTERVAL))
         self._last = (step, now)
         return verdict
@@ -176,8 +174,8 @@ class StopVote:
         if not self._live:
             return flag
         import torch
-        import torch.distributed as dist
 
+        assert self._channel is not None
         verdict = 0
         with translate_errors("ResumableState's stop vote (an all_reduce of two integers)"):
             if self._work is not None:
@@ -185,7 +183,7 @@ class StopVote:
                 work.wait()
                 verdict = int(self._flags[self._turn][0])
             now = torch.tensor([flag, -1], dtype=torch.int64)
-            dist.all_reduce(now, op=dist.ReduceOp.MAX, group=self._group)
+            self._channel.max(now)
         self._next = step + 1
         return max(verdict, int(now[0]))
 
@@ -194,14 +192,14 @@ class StopVote:
         if not self._live:
             return flag
         import torch
-        import torch.distributed as dist
 
+        assert self._channel is not None
         with translate_errors("ResumableState's stop vote (an all_reduce of one integer)"):
             if self._work is not None:  # the vote in flight first: one collective at a time
                 work, self._work = self._work, None
                 work.wait()
             value = torch.tensor([-flag], dtype=torch.int64)
-            dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group)
+            self._channel.max(value)
         return -int(value[0])
 
     def _proposal(self, step: int, now: float) -> int:

@@ -115,12 +115,8 @@ def _refuse_wrapped(model: Any) -> None:
 def _require_torch_group() -> None:
     from unidist import lifecycle
 
-    session = lifecycle.session_for("wrapping the model for data parallelism")
-    if not session.torch_backed:
-        raise ConfigurationError(
-            f"the {session.adapter.name!r} adapter does not run on torch.distributed, which "
-            "DDP, FSDP and TP need. HINT: initialize with adapter='torch', 'composer' or 'ignite'."
-        )
+    what = "wrapping the model for data parallelism"
+    lifecycle.session_for(what).comm.require_torch(what)
 
 
 def _mesh(config: Settings, degrees: Degrees, where: torch.device) -> DeviceMesh:

@@ -303,6 +303,44 @@ def clause_primitives() -> None:
     _expect(sent.tolist() == [0], f"primitive broadcast: {sent}")
 
 
+def clause_communicator() -> None:
+    """The session's communicator agrees, exchanges and passes flags the same on every rank."""
+    from unidist import sync
+
+    rank, world = _rank_world()
+    comm = lifecycle.session_for("conformance").comm
+
+    def odd_ones(votes: dict[int, Any]) -> Any:
+        return sorted([r, v["odd"]] for r, v in votes.items())
+
+    tally = sync.agree({"rank": rank, "odd": rank % 2 == 1}, odd_ones, 30, "conformance vote")
+    _expect(
+        tally == [[r, r % 2 == 1] for r in range(world)],
+        f"{comm.kind} communicator: rank {rank} got the tally {tally}",
+    )
+    last = world - 1
+    heard = sync.exchange(
+        ["from", rank] if rank == last else None,
+        publish=rank == last,
+        wait_for=[last],
+        timeout=30,
+        what="conformance exchange",
+    )
+    _expect(heard == {last: ["from", last]}, f"rank {rank} heard {heard}")
+    flag = sync.Flag(lifecycle.session_for("conformance"), "conformance", "flag")
+    if rank == last:
+        flag.raise_flag()
+    unidist.barrier(timeout=30)
+    raised = flag.is_raised()
+    unidist.barrier(timeout=30)
+    if rank == 0:
+        flag.lower()
+    _expect(  # an unusable flag (nobody else can see it) is never raised
+        raised == flag.usable,
+        f"rank {rank}: a flag that rank {last} raised reads {raised} (usable: {flag.usable})",
+    )
+
+
 CLAUSES: dict[str, Callable[[], None]] = {
     "topology": clause_topology,
     "primitives": clause_primitives,
@@ -316,6 +354,7 @@ CLAUSES: dict[str, Callable[[], None]] = {
     "groups": clause_groups,
     "one_rank_first": clause_one_rank_first,
     "one_rank_only": clause_one_rank_only,
+    "communicator": clause_communicator,
 }
 
 
