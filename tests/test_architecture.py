@@ -94,6 +94,13 @@ def tree(tmp_path: Path) -> Path:
             "launch-supervise",
             "The launcher process",
         ),
+        # A feature talking to the control store itself instead of the session's communicator.
+        (
+            "microbatch.py",
+            "from unidist._comm import control",
+            "communicator",
+            "Above _comm, only initialize starts the control store",
+        ),
         # Plain data reaching up to the object built from it: the circle parallel/ had.
         (
             "parallel/strategies.py",

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from unidist import _env, _migration, lifecycle
-from unidist._comm.control import ExpectedValues
+from unidist._comm.communicator import ExpectedValues
 from unidist._comm.wire import Json
 from unidist.errors import ConfigurationError, translate_errors
 from unidist.groups import Group, members

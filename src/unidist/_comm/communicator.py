@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectiveCommunicator",
     "Communicator",
+    "ExpectedValues",
     "SideChannel",
     "Signal",
     "SerialCommunicator",
