@@ -101,6 +101,13 @@ def tree(tmp_path: Path) -> Path:
             "communicator",
             "Above _comm, only initialize starts the control store",
         ),
+        # The plan asking torch itself instead of through launch.torchfacts.
+        (
+            "launch/plan/dryrun.py",
+            "import torch.cuda",
+            "plan-without-torch",
+            "The plan imports no torch",
+        ),
         # Plain data reaching up to the object built from it: the circle parallel/ had.
         (
             "parallel/strategies.py",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -15,6 +14,7 @@ from typing import Any
 
 from unidist import _env
 from unidist.errors import ConfigurationError
+from unidist.launch import torchfacts
 from unidist.launch.plan import checks, rundir
 from unidist.launch.plan.options import InvalidVariable, add_arguments, from_variable
 from unidist.launch.plan.streams import ConsoleSpec, parse_ranks, parse_std
@@ -52,8 +52,6 @@ class ChosenLogsSpecs:
         Raises:
             ConfigurationError: no entry point of that name, or it cannot be loaded.
         """
-        from torch.distributed.elastic.multiprocessing import Std
-
         found = [
             ep
             for ep in importlib.metadata.entry_points(group=LOGS_SPECS_GROUP)
@@ -76,12 +74,8 @@ class ChosenLogsSpecs:
                 f"{type(exc).__name__}: {exc}. HINT: fix or reinstall the package that provides it."
             ) from None
         ranks = self.local_ranks_filter
-        return cls(
-            log_dir=self.log_dir,
-            redirects=Std.from_str(self.redirects),
-            tee=Std.from_str(self.tee),
-            local_ranks_filter={int(r) for r in ranks.split(",")} if ranks else None,
-        )
+        chosen = {int(r) for r in ranks.split(",")} if ranks else None
+        return torchfacts.logs_specs(cls, self.log_dir, self.redirects, self.tee, chosen)
 
 
 @dataclass(frozen=True)
@@ -208,10 +202,8 @@ def _torchrun_count(kind: str) -> tuple[int, str]:
     torch's own ``determine_local_world_size``: ``auto`` is every device of the current
     accelerator on torch >= 2.8 (CUDA, XPU, ...), CUDA only before, else one per CPU core.
     """
-    from torch.distributed.run import determine_local_world_size
-
     try:
-        count = int(determine_local_world_size(kind))
+        count = torchfacts.torchrun_count(kind)
     except ValueError as exc:
         raise ConfigurationError(
             f"--nproc-per-node {kind!r}: {exc} (torchrun's check). HINT: give a number of "
@@ -222,17 +214,10 @@ def _torchrun_count(kind: str) -> tuple[int, str]:
 
 def _device_count(kind: str) -> tuple[int, str]:
     """unidist's ``-n auto|gpu|cpu|xpu`` -> a count; ``auto`` is one per GPU, else 1 process."""
-    import torch
-
-    cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if kind == "cpu":
-        count = os.cpu_count() or 1
+        count = torchfacts.cpu_count()
         return count, f"{kind}: {count} CPU core(s) -> {count} process(es)"
-    if kind == "xpu":
-        xpu = getattr(torch, "xpu", None)
-        count = xpu.device_count() if xpu is not None and xpu.is_available() else 0
-    else:
-        count = cuda
+    count = torchfacts.device_count(kind)
     if kind in ("gpu", "xpu") and not count:
         raise ConfigurationError(
             f"--nproc {kind}: no {kind.upper()} device is visible. HINT: give a number of "
@@ -365,9 +350,7 @@ def _torch_options(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]
         wanted["shutdown_timeout"] = ("--shutdown-timeout", int(args.shutdown_timeout))
     if not wanted:
         return {}
-    from torch.distributed.launcher.api import LaunchConfig
-
-    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    fields = torchfacts.agent_settings()
     for name, (option, _) in list(wanted.items()):
         dest = option[2:].replace("-", "_")
         if name not in fields and from_variable(args, dest):
@@ -376,20 +359,13 @@ def _torch_options(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]
             del wanted[name]
             setattr(args, dest, None if dest != "virtual_local_rank" else False)
         elif name not in fields and option != "--shutdown-timeout":
-            import torch
-
             raise ConfigurationError(
-                f"{option} needs a newer torch: torch {torch.__version__}'s elastic agent has "
-                f"no {name!r} setting. HINT: upgrade torch, or drop {option}."
+                f"{option} needs a newer torch: torch {torchfacts.torch_version()}'s elastic "
+                f"agent has no {name!r} setting. HINT: upgrade torch, or drop {option}."
             )
     options = {name: value for name, (_, value) in wanted.items() if name in fields}
     if "numa_options" in options:
-        from torch.numa.binding import (  # type: ignore[import-not-found,unused-ignore]
-            AffinityMode,
-            NumaOptions,
-        )
-
-        options["numa_options"] = NumaOptions(affinity_mode=AffinityMode(options["numa_options"]))
+        options["numa_options"] = torchfacts.numa_options(options["numa_options"])
     return options
 
 
