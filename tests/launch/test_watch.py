@@ -82,3 +82,14 @@ def test_a_sigterm_from_outside_is_left_to_torchs_agent() -> None:
     assert not seen.get(2).terminated  # the launcher's own SIGTERM
     assert seen.failed == {0, 1, 2, 3}
     assert seen.failed_on_their_own == {1, 2, 3}
+
+
+def test_events_are_an_enum_whose_values_are_the_words() -> None:
+    from unidist.launch.supervise.watch import Event
+
+    watch = RankWatch()
+    advance(watch, Event.STOP, 2)
+    advance(watch, Event.EXITED, 3, status=-15, failed=True)
+    assert watch.state is RankState.STOPPED
+    assert [e.value for e in Event] == ["running", "exited", "stop", "hang"]
+    assert Event("hang") is Event.HANG

@@ -50,7 +50,7 @@ from unidist.launch.supervise.hang import HANG_EXIT_CODE, HangReport, HangWatch,
 from unidist.launch.supervise.hang import write as write_report
 from unidist.launch.supervise.outcome import RankOutcome, Status
 from unidist.launch.supervise.report import Report, analyse, check_logs, outcome_of
-from unidist.launch.supervise.watch import Observed, RankState, advance
+from unidist.launch.supervise.watch import Event, Observed, RankState, advance
 
 __all__ = ["Run", "launch_config", "run", "script_command"]
 
@@ -396,7 +396,7 @@ class _Watchdog(threading.Thread):
         running, status = _exit_status(*proc)
         watch = self.seen.watch(rank)
         if running:
-            advance(watch, "running", before)  # so if it ends, it ends after this
+            advance(watch, Event.RUNNING, before)  # so if it ends, it ends after this
             return
         now = time.time_ns()
         stamp = self.clock.when((start, rank))  # the exit itself, if the clock saw it
@@ -404,7 +404,7 @@ class _Watchdog(threading.Thread):
         at = stamp if stamp is not None and last_alive <= stamp <= now else now
         finished = ("done", rank) in found or status == 0
         failed = ("error", rank) in found or (status is not None and not finished)
-        advance(watch, "exited", at, status=status, failed=failed, finished=finished)
+        advance(watch, Event.EXITED, at, status=status, failed=failed, finished=finished)
 
     def _all_finished(self, start: Start, found: dict[Any, Any]) -> bool:
         """Whether every rank of ``start`` finished without error (recorded, or exited 0)."""
@@ -464,7 +464,7 @@ class _Watchdog(threading.Thread):
         for rank, proc in procs.items():
             if self.seen.watch(rank).gone or ("error", rank) in found:
                 continue  # gone, or already failing and on its way out (SIGKILL after grace)
-            advance(self.seen.watch(rank), "stop", time.time_ns(), frozen=_frozen(proc[0]))
+            advance(self.seen.watch(rank), Event.STOP, time.time_ns(), frozen=_frozen(proc[0]))
             _signal(proc, signal.SIGTERM)
             _signal(proc, signal.SIGCONT)
 
@@ -481,7 +481,7 @@ class _Watchdog(threading.Thread):
         for rank in hung:
             watch = self.seen.watch(rank)
             if watch.state is not RankState.HUNG:
-                advance(watch, "hang", time.time_ns())
+                advance(watch, Event.HANG, time.time_ns())
                 _ask_for_stack(procs[rank])  # every thread's stack into its stderr log
         if hung:
             time.sleep(0.5)

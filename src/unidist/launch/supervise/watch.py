@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from unidist.launch.supervise.outcome import RankOutcome
 
-__all__ = ["Observed", "RankState", "RankWatch", "advance"]
+__all__ = ["Event", "Observed", "RankState", "RankWatch", "advance"]
 
 
 class RankState(enum.Enum):
@@ -38,6 +38,15 @@ class RankState(enum.Enum):
     FAILED = "failed"
     EXITED = "exited"  # gone, status unknown, nothing recorded
     STOPPED = "stopped"  # gone after the launcher's SIGTERM
+
+
+class Event(str, enum.Enum):
+    """What the watchdog saw happen to a rank: the input of :func:`advance`."""
+
+    RUNNING = "running"  # seen running
+    EXITED = "exited"  # seen gone (with its status and records)
+    STOP = "stop"  # the launcher sent it SIGTERM
+    HANG = "hang"  # killed for not finishing in time
 
 
 #: The states of a rank that the watchdog has not yet seen gone.
@@ -71,7 +80,7 @@ class RankWatch:
 
 def advance(
     watch: RankWatch,
-    event: str,
+    event: Event | str,
     at: int,
     *,
     status: int | None = None,
@@ -83,18 +92,22 @@ def advance(
 
     Args:
         watch: the rank's state, changed in place.
-        event: ``"running"`` (seen running at ``at``), ``"exited"`` (seen gone, with ``status``,
-            and whether its records say it ``failed`` or ``finished``), ``"stop"`` (the launcher
-            sent SIGTERM; ``frozen``: the rank was in state T) or ``"hang"`` (killed for not
-            finishing in time).
+        event: :attr:`Event.RUNNING` (seen running at ``at``), :attr:`Event.EXITED` (seen gone,
+            with ``status``, and whether its records say it ``failed`` or ``finished``),
+            :attr:`Event.STOP` (the launcher sent SIGTERM; ``frozen``: the rank was in state T)
+            or :attr:`Event.HANG` (killed for not finishing in time); or its value.
         at: when, in ns since the epoch.
 
     Raises:
         ValueError: an unknown event.
     """
-    if event == "running":
+    try:
+        event = Event(event)
+    except ValueError:
+        raise ValueError(f"unknown watchdog event {event!r}") from None
+    if event is Event.RUNNING:
         watch.alive_at = at
-    elif event == "exited":
+    elif event is Event.EXITED:
         if watch.gone:
             return  # the first sighting counts
         watch.gone_at, watch.status, watch.failed_exit = at, status, failed
@@ -104,18 +117,16 @@ def advance(
             watch.state = (
                 RankState.FAILED if failed else RankState.FINISHED if finished else RankState.EXITED
             )
-    elif event in ("stop", "hang") and watch.gone:
+    elif watch.gone:  # a stop or a hang
         return  # too late: the launcher stops or kills only ranks it has not seen gone
-    elif event == "stop":
+    elif event is Event.STOP:
         watch.stopped_at, watch.frozen = at, frozen
         if watch.state is RankState.RUNNING:
             watch.state = RankState.STOPPING
-    elif event == "hang":
+    else:  # Event.HANG
         watch.hung_at = at
         if watch.state in (RankState.RUNNING, RankState.STOPPING):
             watch.state = RankState.HUNG
-    else:
-        raise ValueError(f"unknown watchdog event {event!r}")
 
 
 @dataclass
