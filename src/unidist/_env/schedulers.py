@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from unidist._env.topology import EnvReading, finish, int_var, port_var
 from unidist.errors import TopologyError
 
-__all__ = ["MPI_FLAVOURS", "expand_hostlist", "from_mpi", "from_slurm", "is_srun_step"]
+__all__ = [
+    "MPI_FLAVOURS",
+    "MpiFlavour",
+    "expand_hostlist",
+    "from_mpi",
+    "from_slurm",
+    "is_srun_step",
+]
 
 
 def is_srun_step(env: Mapping[str, str]) -> bool:
@@ -167,7 +174,7 @@ def _expand_one_host(name: str, text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class _MpiFlavour:
+class MpiFlavour:
     launcher: str
     rank: str
     size: str
@@ -176,25 +183,25 @@ class _MpiFlavour:
 
 
 MPI_FLAVOURS = (
-    _MpiFlavour(
+    MpiFlavour(
         "openmpi",
         "OMPI_COMM_WORLD_RANK",
         "OMPI_COMM_WORLD_SIZE",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE",
     ),
-    _MpiFlavour(
+    MpiFlavour(
         "mvapich",
         "MV2_COMM_WORLD_RANK",
         "MV2_COMM_WORLD_SIZE",
         "MV2_COMM_WORLD_LOCAL_RANK",
         "MV2_COMM_WORLD_LOCAL_SIZE",
     ),
-    _MpiFlavour("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    MpiFlavour("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
 )
 
 
-def from_mpi(env: Mapping[str, str], flavour: _MpiFlavour) -> EnvReading:
+def from_mpi(env: Mapping[str, str], flavour: MpiFlavour) -> EnvReading:
     rank = int_var(env, flavour.rank)
     world = int_var(env, flavour.size, minimum=1)
     if rank is None or world is None:
