@@ -235,7 +235,10 @@ def environments() -> tuple[Environment, ...]:
 
 def choose(env: Mapping[str, str]) -> Environment:
     """The first environment that detects its variables in ``env``."""
-    for environment in environments():
+    first = TorchVariables()
+    if first.detect(env):  # the usual case, before the entry points are scanned (~15 ms)
+        return first
+    for environment in environments()[1:]:
         if environment.detect(env):
             return environment
     raise AssertionError("SingleProcess detects every environment")  # pragma: no cover
