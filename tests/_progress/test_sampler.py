@@ -8,7 +8,6 @@ import threading
 import time
 import types
 from pathlib import Path
-from types import FrameType
 
 import pytest
 import torch
@@ -17,17 +16,25 @@ from torch.utils.data import DataLoader
 import unidist
 from unidist._progress import record, sampler
 from unidist._progress.record import State, Writer
-from unidist._progress.sampler import Sampler, _Places, classify
+from unidist._progress.sampler import (
+    Entry,
+    Sampler,
+    _Places,
+    _StackReader,
+    classify,
+    classify_stack,
+)
 
 
-def _frame_of(thread: threading.Thread) -> FrameType:
+def _stack_of(thread: threading.Thread) -> list[Entry]:
+    """``thread``'s stack as the sampler reads it (never through another thread's frames)."""
     assert thread.ident is not None
-    return sys._current_frames()[thread.ident]
+    return _StackReader().stack(thread.ident)
 
 
-def _blocks(frame: FrameType) -> bool:
-    """Whether ``frame`` stands at a line marked ``# blocks`` (the call that blocks)."""
-    return "# blocks" in linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+def _blocks(top: Entry) -> bool:
+    """Whether the innermost frame stands at a line marked ``# blocks`` (the call that blocks)."""
+    return "# blocks" in linecache.getline(top[0], top[1])
 
 
 def _classify_while(target, blocks=_blocks) -> tuple[State, str, str]:  # type: ignore[no-untyped-def]
@@ -38,12 +45,12 @@ def _classify_while(target, blocks=_blocks) -> tuple[State, str, str]:  # type: 
     assert started.wait(30)
     deadline = time.monotonic() + 30
     while True:
-        frame = _frame_of(thread)
-        if blocks(frame):
+        stack = _stack_of(thread)
+        if stack and blocks(stack[0]):
             break
         assert time.monotonic() < deadline, "the thread never reached its blocking call"
         time.sleep(0.01)
-    state, op, user, _, _ = classify(frame, _Places())
+    state, op, user, _, _ = classify_stack(stack, _Places())
     return state, op, user
 
 
@@ -84,7 +91,7 @@ def test_a_collective_is_named_by_the_public_function_called(tmp_path: Path) -> 
     scope: dict[str, object] = {}
     exec(code, scope)
     state, op, _ = _classify_while(
-        scope["all_reduce"], lambda f: (f.f_code.co_name, f.f_lineno) == ("all_reduce", 4)
+        scope["all_reduce"], lambda top: (top[2], top[1]) == ("all_reduce", 4)
     )
     assert (state, op) == (State.COLLECTIVE, "all_reduce")
 
@@ -183,3 +190,29 @@ def test_the_sampler_skips_a_look_while_the_groups_are_destroyed() -> None:
     with _state.groups.closing(seconds=1):
         assert sampler._sequences() is None
     assert sampler._sequences() == (0, 0)  # no process group in this process
+
+
+def test_another_threads_stack_is_read_in_c_innermost_first() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def waits_here() -> None:
+        started.set()
+        release.wait(30)  # blocks
+
+    thread = threading.Thread(target=waits_here, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    try:
+        deadline = time.monotonic() + 30
+        while not any(function == "waits_here" for _, _, function in _stack_of(thread)):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stack = _stack_of(thread)
+        mine = next(i for i, entry in enumerate(stack) if entry[2] == "waits_here")
+        assert stack[mine][0] == __file__
+        assert "# blocks" in linecache.getline(stack[mine][0], stack[mine][1])
+        assert stack[-1][2] == "_bootstrap"  # the thread's outermost frame comes last
+        assert _StackReader().stack(1) == []  # no such thread
+    finally:
+        release.set()
+        thread.join(30)
