@@ -8,7 +8,7 @@ to the script), it wakes ten times a second and writes the rank's progress recor
   training thread pays nothing per collective);
 * the steps the rank counted (:func:`step`: unidist's loaders count each batch and
   :class:`unidist.ResumableState` each step; a counter, tens of nanoseconds);
-* what the main thread is doing, from its Python stack (``sys._current_frames``): in its own code
+* what the main thread is doing, from its Python stack (read by faulthandler): in its own code
   (and the innermost frame of it: file, line, function), in a collective (which one), in autograd's
   backward, or waiting for the DataLoader; and whether it moved since the last look;
 * how many looks found it in each of those phases, for the straggler report.
