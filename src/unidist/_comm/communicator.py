@@ -39,8 +39,6 @@ from unidist.errors import ConfigurationError, translate_errors
 if TYPE_CHECKING:
     import torch
 
-    from unidist._env import Topology
-    from unidist.adapters.base import Adapter
 
 __all__ = [
     "CollectiveCommunicator",
@@ -59,15 +57,10 @@ Combine = Callable[[dict[int, Json]], Json]
 GLOO_DRAIN_SECONDS = 0.1
 
 
-class Session(Protocol):
-    """What a communicator reads of the session it serves (:class:`unidist._state.Session`)."""
+class Session(transport.Session, Protocol):
+    """What a communicator reads of the session it serves (:class:`unidist._state.Session`):
+    what the transport reads, and more."""
 
-    @property
-    def adapter(self) -> Adapter: ...
-    @property
-    def backend(self) -> str | None: ...
-    @property
-    def topology(self) -> Topology: ...
     @property
     def timeout(self) -> timedelta: ...
     @property
@@ -164,7 +157,9 @@ class Communicator:
     ) -> Json:
         """Every member contributes ``value``; every member gets ``combine`` of all of them
         (plain JSON data, never a pickle), within ``seconds``."""
-        raise NotImplementedError
+        everyone = self._everyone(value, what)
+        outcome = combine(dict(enumerate(everyone)))
+        return decode_json(encode_json(outcome, what, MAX_OUTCOME_BYTES))
 
     def exchange(
         self,
@@ -177,6 +172,11 @@ class Communicator:
         what: str,
     ) -> dict[int, Json]:
         """An agreement in which publishers send ``value`` and each rank reads ``wait_for``'s."""
+        everyone = self._everyone(value if publish else None, what)
+        return {rank: everyone[rank] for rank in wait_for}
+
+    def _everyone(self, value: Json, what: str) -> list[Json]:
+        """Every rank's ``value``, in rank order, through JSON (the store's checks and limits)."""
         raise NotImplementedError
 
     def signal(self, name: str) -> Signal:
@@ -205,36 +205,11 @@ class SerialCommunicator(Communicator):
 
     kind = "serial"
 
-    def __init__(self, rank: int = 0) -> None:
-        self._rank = rank
-
     def barrier(self, members: Sequence[int], handle: Any, seconds: float, what: str) -> None:
         return None
 
-    def agree(
-        self,
-        members: Sequence[int],
-        value: Json,
-        combine: Combine,
-        seconds: float,
-        what: str,
-        expected: ExpectedValues | None = None,
-    ) -> Json:
-        mine = decode_json(encode_json(value, what))  # the same checks and copies as with peers
-        return decode_json(encode_json(combine({self._rank: mine}), what, MAX_OUTCOME_BYTES))
-
-    def exchange(
-        self,
-        members: Sequence[int],
-        value: Json,
-        *,
-        publish: bool,
-        wait_for: Sequence[int],
-        seconds: float,
-        what: str,
-    ) -> dict[int, Json]:
-        mine = decode_json(encode_json(value if publish else None, what))
-        return dict.fromkeys(wait_for, mine)
+    def _everyone(self, value: Json, what: str) -> list[Json]:
+        return [decode_json(encode_json(value, what))]  # the same checks and copies as with peers
 
 
 class CollectiveCommunicator(Communicator):
@@ -249,32 +224,6 @@ class CollectiveCommunicator(Communicator):
         with translate_errors(what):
             self._session.adapter.barrier(handle)
 
-    def agree(
-        self,
-        members: Sequence[int],
-        value: Json,
-        combine: Combine,
-        seconds: float,
-        what: str,
-        expected: ExpectedValues | None = None,
-    ) -> Json:
-        everyone = self._gather_json(value, what)
-        outcome = combine(dict(enumerate(everyone)))
-        return decode_json(encode_json(outcome, what, MAX_OUTCOME_BYTES))
-
-    def exchange(
-        self,
-        members: Sequence[int],
-        value: Json,
-        *,
-        publish: bool,
-        wait_for: Sequence[int],
-        seconds: float,
-        what: str,
-    ) -> dict[int, Json]:
-        everyone = self._gather_json(value if publish else None, what)
-        return {rank: everyone[rank] for rank in wait_for}
-
     def require_torch(self, what: str) -> None:
         raise ConfigurationError(
             f"{what}: the {self._session.adapter.name!r} adapter does not run on "
@@ -282,7 +231,7 @@ class CollectiveCommunicator(Communicator):
             "adapter='torch', 'composer' or 'ignite'."
         )
 
-    def _gather_json(self, value: Json, what: str) -> list[Json]:
+    def _everyone(self, value: Json, what: str) -> list[Json]:
         """Every rank's ``value`` as JSON bytes in a tensor, never a pickle (the store's limits)."""
         import torch
 
@@ -400,4 +349,4 @@ def choose(session: Session, plane: ControlPlane | None = None) -> Communicator:
         return TorchCommunicator(session, plane)
     if session.topology.world_size > 1:
         return CollectiveCommunicator(session)
-    return SerialCommunicator(session.topology.rank)
+    return SerialCommunicator()
