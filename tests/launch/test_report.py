@@ -133,6 +133,17 @@ def test_ranks_found_gone_in_one_sweep_could_have_died_in_either_order(tmp_path:
     assert "stopped by torch's agent after another rank failed" in report.format()
 
 
+def test_a_rank_no_sweep_saw_running_may_have_died_first(tmp_path: Path) -> None:
+    # `--no-python sh -c "exit 3"`: rank 1 exited 3 before any sweep saw it running, torch's
+    # agent SIGTERMed rank 0, and the sweep found rank 0 gone first (at 8, rank 1 at 9).
+    start = start_with(tmp_path, {"start:0": {}, "start:1": {}})
+    seen = observed(gone={0: 8, 1: 9}, status={0: -15, 1: 3}, failed={0, 1})
+    report = analyse(start, tmp_path / ".events", {1: 3, 0: -15}, seen, PLAN)
+    assert report.culprit is not None
+    assert (report.culprit.rank, report.exit_code) == (1, 3)
+    assert "stopped by torch's agent after another rank failed" in report.format()
+
+
 def test_a_sigterm_seen_before_the_other_rank_was_last_seen_running_is_the_culprit(
     tmp_path: Path,
 ) -> None:

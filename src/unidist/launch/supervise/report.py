@@ -382,9 +382,13 @@ def _decide_unrecorded(outcomes: list[RankOutcome], seen: Observed, plan: Launch
 
 
 def _earliest(seen: Observed, o: RankOutcome) -> int:
-    """The earliest a crash can have happened: when the sweep that last saw it running began."""
+    """The earliest a crash can have happened: when the sweep that last saw it running began.
+
+    A rank no sweep saw running (it ended within one sweep of its start: ``sh -c "exit 3"``)
+    can have died at any moment since its start, before a rank SIGTERMed by torch's agent.
+    """
     alive = seen.get(o.rank).alive_at
-    return alive if alive is not None else _when(o)
+    return alive if alive is not None else 0
 
 
 def _terminated(o: RankOutcome) -> bool:
