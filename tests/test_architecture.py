@@ -286,3 +286,47 @@ def _layer_of() -> dict[str, int]:
     return {
         name.strip(): i for i, layer in enumerate(contract["layers"]) for name in layer.split("|")
     }
+
+
+#: The adapter's data movers; above the adapters only the communicator calls them.
+PRIMITIVES = {"all_reduce", "all_gather", "broadcast", "barrier", "new_group"}
+#: Who may call them on an adapter: the adapters themselves, the communicator, the
+#: conformance kit (it tests an adapter's primitives one by one).
+PRIMITIVE_CALLERS = {"_comm/communicator.py", "testing/conformance.py"}
+
+
+def _adapter_primitive_calls(path: Path) -> list[str]:
+    """Calls such as ``session.adapter.all_reduce(...)`` or ``adapter.barrier(...)``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value
+        name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        if node.func.attr in PRIMITIVES and name in ("adapter", "_adapter"):
+            found.append(f"{path.relative_to(SOURCE)}:{node.lineno} {ast.unparse(node.func)}")
+    return found
+
+
+def test_every_collective_reaches_the_adapter_through_the_communicator() -> None:
+    """One road down: a collective, a barrier or a new group goes through ``session.comm``."""
+    found = [
+        hit
+        for path in sorted(SOURCE.rglob("*.py"))
+        if not str(path.relative_to(SOURCE)).startswith("adapters/")
+        and str(path.relative_to(SOURCE)) not in PRIMITIVE_CALLERS
+        for hit in _adapter_primitive_calls(path)
+    ]
+    assert found == [], "call session.comm.<primitive> instead:\n" + "\n".join(found)
+
+
+def test_the_road_check_sees_a_direct_call(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("session.adapter.all_reduce(t, 'sum', None)\nsession.comm.barrier(1)\n")
+    global SOURCE
+    saved, SOURCE = SOURCE, tmp_path
+    try:
+        hits = _adapter_primitive_calls(bad)
+    finally:
+        SOURCE = saved
+    assert hits == ["bad.py:1 session.adapter.all_reduce"]

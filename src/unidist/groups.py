@@ -125,7 +125,7 @@ def new_group(ranks: Sequence[int]) -> Group:
     if world == 1:
         return Group(chosen, chosen, None)
     with translate_errors(f"new_group({list(chosen)})"):
-        handle = session.adapter.new_group(chosen)
+        handle = session.comm.new_group(chosen)
         companion = session.comm.companion(chosen)  # a gloo group beside an NCCL one
     return Group(chosen, handle, handle if companion is None else companion)
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from unidist import _env, _migration, lifecycle
 from unidist._comm.communicator import ExpectedValues
 from unidist._comm.wire import Json
-from unidist.errors import ConfigurationError, translate_errors
+from unidist.errors import ConfigurationError
 from unidist.groups import Group, members
 
 if TYPE_CHECKING:
@@ -53,9 +53,8 @@ def barrier(timeout: float | timedelta | None = None, *, group: Group | None = N
         _env.timeout_seconds(timeout)
     if size == 1:
         return
-    if timeout is None:
-        with translate_errors(f"barrier over {size} ranks"):
-            session.adapter.barrier(handle)
+    if timeout is None:  # the adapter's own barrier, bounded by the process group's timeout
+        session.comm.barrier(range(size), handle, None, f"barrier over {size} ranks")
         return
     timed_barrier(session, group, timeout, f"barrier over {size} ranks")
 

@@ -39,6 +39,7 @@ from unidist.errors import ConfigurationError, translate_errors
 if TYPE_CHECKING:
     import torch
 
+    from unidist.adapters.base import PrimitiveOp
 
 __all__ = [
     "CollectiveCommunicator",
@@ -141,9 +142,31 @@ class Communicator:
     #: unidist's control store where there is one (tests and benchmarks look at it).
     plane: ControlPlane | None = None
 
-    def barrier(self, members: Sequence[int], handle: Any, seconds: float, what: str) -> None:
+    # -- the primitives: every collective of unidist reaches the adapter through these --------
+    # (only with several ranks: the world of one is answered above, in unidist._comm.transport)
+
+    def all_reduce(self, tensor: torch.Tensor, op: PrimitiveOp, handle: Any) -> torch.Tensor:
+        """``tensor`` reduced with ``op`` across the group ``handle`` (None: the world)."""
+        raise NotImplementedError
+
+    def all_gather(self, tensor: torch.Tensor, handle: Any) -> list[torch.Tensor]:
+        """One same-shaped tensor per rank of the group, in group-rank order."""
+        raise NotImplementedError
+
+    def broadcast(self, tensor: torch.Tensor, src: int, handle: Any) -> torch.Tensor:
+        """Global rank ``src``'s ``tensor`` on every rank of the group."""
+        raise NotImplementedError
+
+    def new_group(self, ranks: Sequence[int]) -> Any:
+        """The handle of a new group of the global ``ranks`` (collective: every rank calls it)."""
+        raise NotImplementedError
+
+    def barrier(
+        self, members: Sequence[int], handle: Any, seconds: float | None, what: str
+    ) -> None:
         """Every rank of ``members`` (the group ``handle``, None: the world) arrives, or the
-        wait ends after ``seconds`` with an error naming the ranks that did not."""
+        wait ends after ``seconds`` with an error naming the ranks that did not; ``None``: the
+        adapter's own barrier, bounded only by the process group's timeout."""
         raise NotImplementedError
 
     def agree(
@@ -205,7 +228,21 @@ class SerialCommunicator(Communicator):
 
     kind = "serial"
 
-    def barrier(self, members: Sequence[int], handle: Any, seconds: float, what: str) -> None:
+    def all_reduce(self, tensor: torch.Tensor, op: PrimitiveOp, handle: Any) -> torch.Tensor:
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, handle: Any) -> list[torch.Tensor]:
+        return [tensor]
+
+    def broadcast(self, tensor: torch.Tensor, src: int, handle: Any) -> torch.Tensor:
+        return tensor
+
+    def new_group(self, ranks: Sequence[int]) -> Any:
+        return tuple(ranks)
+
+    def barrier(
+        self, members: Sequence[int], handle: Any, seconds: float | None, what: str
+    ) -> None:
         return None
 
     def _everyone(self, value: Json, what: str) -> list[Json]:
@@ -220,7 +257,23 @@ class CollectiveCommunicator(Communicator):
     def __init__(self, session: Session) -> None:
         self._session = session
 
-    def barrier(self, members: Sequence[int], handle: Any, seconds: float, what: str) -> None:
+    # The session's adapter at the time of the call: unidist.use() lends it another for a block.
+
+    def all_reduce(self, tensor: torch.Tensor, op: PrimitiveOp, handle: Any) -> torch.Tensor:
+        return self._session.adapter.all_reduce(tensor, op, handle)
+
+    def all_gather(self, tensor: torch.Tensor, handle: Any) -> list[torch.Tensor]:
+        return self._session.adapter.all_gather(tensor, handle)
+
+    def broadcast(self, tensor: torch.Tensor, src: int, handle: Any) -> torch.Tensor:
+        return self._session.adapter.broadcast(tensor, src, handle)
+
+    def new_group(self, ranks: Sequence[int]) -> Any:
+        return self._session.adapter.new_group(ranks)
+
+    def barrier(
+        self, members: Sequence[int], handle: Any, seconds: float | None, what: str
+    ) -> None:
         with translate_errors(what):
             self._session.adapter.barrier(handle)
 
@@ -258,8 +311,10 @@ class TorchCommunicator(CollectiveCommunicator):
         super().__init__(session)
         self.plane = plane  # None: one rank, or not started yet
 
-    def barrier(self, members: Sequence[int], handle: Any, seconds: float, what: str) -> None:
-        if self.plane is None:
+    def barrier(
+        self, members: Sequence[int], handle: Any, seconds: float | None, what: str
+    ) -> None:
+        if self.plane is None or seconds is None:
             super().barrier(members, handle, seconds, what)
         else:
             self.plane.barrier(tuple(members), seconds, what)

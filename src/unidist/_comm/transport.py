@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from unidist._env import Topology
-    from unidist.adapters.base import Adapter
+    from unidist.adapters.base import Adapter, PrimitiveOp
 
 __all__ = [
     "MAX_DIMS",
@@ -43,6 +43,15 @@ __all__ = [
 T = TypeVar("T")
 
 
+class Primitives(Protocol):
+    """The data movers of a session's communicator (:mod:`unidist._comm.communicator`): every
+    collective here reaches the adapter through them, never the adapter directly."""
+
+    def all_reduce(self, tensor: torch.Tensor, op: PrimitiveOp, handle: Any) -> torch.Tensor: ...
+    def all_gather(self, tensor: torch.Tensor, handle: Any) -> list[torch.Tensor]: ...
+    def broadcast(self, tensor: torch.Tensor, src: int, handle: Any) -> torch.Tensor: ...
+
+
 class Session(Protocol):
     """What these functions read of a session (:class:`unidist._state.Session` has it).
 
@@ -51,6 +60,8 @@ class Session(Protocol):
 
     @property
     def adapter(self) -> Adapter: ...
+    @property
+    def comm(self) -> Primitives: ...
     @property
     def backend(self) -> str | None: ...
     @property
@@ -126,7 +137,7 @@ def reduce_tensor(
         work,
         tensor,
         f"all_reduce(op={op!r}) over {size} ranks",
-        lambda staged: session.adapter.all_reduce(staged, primitive, handle),  # type: ignore[arg-type]
+        lambda staged: session.comm.all_reduce(staged, primitive, handle),  # type: ignore[arg-type]
     )
     if op == "mean":
         tensor.div_(size)
@@ -175,7 +186,7 @@ def gather(
     device = tensor.device
     work = _staged(session, tensor, on_control=on_control)
     with translate_errors(f"{what} over {size} ranks"):
-        out = session.adapter.all_gather(work, handle)
+        out = session.comm.all_gather(work, handle)
     if len(out) != size:
         raise RemoteError(
             f"adapter {session.adapter.name!r} returned {len(out)} tensors from all_gather over "
@@ -246,7 +257,7 @@ def broadcast_tensor(
         _staged(session, value),
         value,
         f"broadcast from rank {src} over {size} ranks",
-        lambda staged: session.adapter.broadcast(staged, src, handle),
+        lambda staged: session.comm.broadcast(staged, src, handle),
     )
     return value
 
@@ -277,12 +288,12 @@ def broadcast_bytes(
     is_src = session.topology.rank == src
     length = torch.tensor([len(data or b"") if is_src else 0], dtype=torch.int64)
     with translate_errors(what):
-        length = session.adapter.broadcast(length, src, control)
+        length = session.comm.broadcast(length, src, control)
         count = int(length.item())
         payload = torch.empty(count, dtype=torch.uint8)
         if is_src and count:
             payload = torch.frombuffer(bytearray(data or b""), dtype=torch.uint8)
-        payload = session.adapter.broadcast(payload, src, control)
+        payload = session.comm.broadcast(payload, src, control)
     return bytes(payload.numpy().tobytes())
 
 
