@@ -4,11 +4,14 @@
                check_adapter('examples.custom_adapter:CountingAdapter', world_size=2)"
     unidist launch -n 2 examples/custom_adapter.py     # train through it, print the counts
 
-An adapter implements nine members (``unidist.adapters.base.Adapter``): a name, ``detect``,
-``initialize``/``finalize``, ``topology``, and five primitives (``all_reduce`` with the ops
-``sum min max product band bor``, ``all_gather``, ``broadcast``, ``barrier``, ``new_group``).
-Everything users call — Python numbers, ``mean``, uneven and object gathers, timeouts,
-``one_rank_first``, samplers — is built once above them. This one delegates to
+An adapter is the pair it provides (``unidist.adapters.base.Adapter``): where its jobs run,
+``environment`` (an ``unidist.environments.Environment``, or None when unidist's own
+environments read its launcher's variables, as here: torchrun's and ``unidist launch``'s), and
+how its ranks talk: a name, ``detect``, ``initialize``/``finalize``, ``topology``, and five
+primitives (``all_reduce`` with the ops ``sum min max product band bor``, ``all_gather``,
+``broadcast``, ``barrier``, ``new_group``), which unidist's communicator calls for every
+collective. Everything users call — Python numbers, ``mean``, uneven and object gathers,
+timeouts, ``one_rank_first``, samplers — is built once above them. This one delegates to
 ``torch.distributed`` and keeps a count per primitive, which shows how many collectives a loop
 really issues. The training loop below averages gradients with ``unidist.all_reduce`` (no DDP),
 so every step goes through the adapter. ``--record DIR`` writes what each rank read.
@@ -62,6 +65,8 @@ class CountingAdapter(NamedAdapter):
     """``torch.distributed`` with a count of every primitive call (``adapter.calls``)."""
 
     name = "counting"
+    #: Where its jobs run: None, the torch variables that unidist reads anyway.
+    environment = None
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()

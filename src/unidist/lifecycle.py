@@ -125,6 +125,12 @@ def _start(
     else:
         seconds = settings.timeout if settings.timeout is not None else DEFAULT_TIMEOUT
     chosen, reason = registry.choose(adapter, settings.adapter, reading)
+    if chosen.environment is not None and not isinstance(
+        chosen.environment, _env.environments.BUILT_IN
+    ):
+        # A third-party adapter's environment joined the chooser when it was loaded: read
+        # again, so that its variables are read as unidist.topology() reads them from now on.
+        reading = _env.read()
     live = _state.torch_group_is_live()
     name = _resolve_backend(backend, reading, live)
     span = timedelta(seconds=seconds)

@@ -30,6 +30,7 @@ from unidist._env.topology import EnvReading, finish, int_var, port_var
 from unidist.errors import ConfigurationError, TopologyError
 
 __all__ = [
+    "BUILT_IN",
     "ENTRY_POINT_GROUP",
     "LAUNCHER_MARKER",
     "Environment",
@@ -197,6 +198,9 @@ class SingleProcess:
             )
         return EnvReading(notes=tuple(notes))
 
+
+#: unidist's own environments (every chooser asks them).
+BUILT_IN = (TorchVariables, Slurm, Mpi, SingleProcess)
 
 _lock = threading.Lock()
 _registered: list[Environment] = []

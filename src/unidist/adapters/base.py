@@ -1,10 +1,23 @@
-"""The adapter contract: the few primitives a framework must provide. Nothing else lives here.
+"""The adapter contract: what a framework must provide. Nothing else lives here.
 
-An adapter connects unidist to one framework's process-group machinery (Composer's
-``composer.utils.dist``, Ignite's ``ignite.distributed``, plain ``torch.distributed``, ...).
-Everything users see — Python numbers, ``mean``, uneven and object gathers, type-preserving
-broadcasts, rank-zero helpers, timeouts, samplers, OOM agreement — is written once in unidist's
-neutral modules on top of these primitives, so an adapter stays small.
+An adapter connects unidist to one framework (Composer's ``composer.utils.dist``, Ignite's
+``ignite.distributed``, plain ``torch.distributed``, ...), and it is the pair it provides:
+
+* **where** its jobs run: ``environment``, an :class:`unidist.environments.Environment` (the
+  variables its launcher sets; None when unidist's own environments already read them). A
+  third-party adapter's environment joins unidist's chooser when the adapter is loaded; register
+  it under the entry-point group ``unidist.environments`` as well, so that the rank getters read
+  it before anything loads the adapter.
+* **how** its ranks talk: ``initialize``/``finalize``/``topology`` and five primitives, which
+  unidist's communicator (:mod:`unidist._comm.communicator`, one per session) calls for every
+  collective. Everything users see — Python numbers, ``mean``, uneven and object gathers,
+  type-preserving broadcasts, rank-zero helpers, deadlines, votes, samplers, OOM agreement — is
+  written once above it, so an adapter stays small.
+
+An adapter written to the pre-releases' one-class contract (the same members, no
+``environment``) still works through a compatibility shim
+(:class:`unidist.adapters.legacy.LegacyShim`), with a ``DeprecationWarning``, for one release:
+unidist 0.2 removes the shim.
 
 Rules every adapter follows (checked by :func:`unidist.testing.check_adapter`):
 
@@ -21,6 +34,8 @@ Rules every adapter follows (checked by :func:`unidist.testing.check_adapter`):
   the input; ``all_reduce`` and ``broadcast`` return the result (they may work in place).
 * Failures propagate as exceptions; unidist translates ``torch.distributed`` errors into its own
   tree (:mod:`unidist.errors`).
+* ``environment``, when not None, keeps the environment contract
+  (:func:`unidist.testing.check_environment`).
 """
 
 from __future__ import annotations
@@ -33,8 +48,9 @@ if TYPE_CHECKING:
     import torch
 
     from unidist._env import EnvReading, Topology
+    from unidist._env.environments import Environment
 
-__all__ = ["REDUCE_OPS", "Adapter", "NamedAdapter", "PrimitiveOp"]
+__all__ = ["REDUCE_OPS", "Adapter", "LegacyAdapter", "NamedAdapter", "PrimitiveOp"]
 
 #: Reduction ops adapters must implement. ``mean`` is built above them from ``sum``.
 PrimitiveOp = Literal["sum", "min", "max", "product", "band", "bor"]
@@ -43,8 +59,9 @@ REDUCE_OPS = ("sum", "mean", "min", "max", "product", "band", "bor")
 
 
 @runtime_checkable
-class Adapter(Protocol):
-    """What a framework adapter provides. See the module docstring for the rules."""
+class LegacyAdapter(Protocol):
+    """The pre-releases' one-class adapter: how ranks talk, without where they run (see
+    :class:`Adapter`, which adds ``environment``)."""
 
     #: Registry name, e.g. ``"torch"``.
     name: str
@@ -84,6 +101,18 @@ class Adapter(Protocol):
     def new_group(self, ranks: Sequence[int]) -> Any:
         """Create a group of the given global ranks (called on every rank) and return its handle."""
         ...
+
+
+@runtime_checkable
+class Adapter(LegacyAdapter, Protocol):
+    """What a framework adapter provides: where (``environment``) and how (the methods).
+
+    See the module docstring for the rules.
+    """
+
+    #: The place its jobs run, or None when unidist's own environments read its launcher's
+    #: variables (the torch variables of Composer's launcher and Ignite's ``Parallel``).
+    environment: Environment | None
 
 
 class NamedAdapter:

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from unidist import _env
+from unidist._env.environments import TorchVariables
 from unidist.adapters._torchdist import gather, rank_zero_store_closes_first
 from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
@@ -45,6 +46,8 @@ class ComposerAdapter(NamedAdapter):
     """Delegates to ``composer.utils.dist``."""
 
     name = "composer"
+    #: ``composer -n`` sets the torch variables (``NODE_RANK``, ``LOCAL_WORLD_SIZE``, ...).
+    environment = TorchVariables()
 
     def __init__(self) -> None:
         self._owns = False

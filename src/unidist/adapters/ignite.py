@@ -26,6 +26,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
+from unidist._env.environments import TorchVariables
 from unidist.adapters._torchdist import rank_zero_store_closes_first
 from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
@@ -45,6 +46,8 @@ class IgniteAdapter(NamedAdapter):
     """Delegates to ``ignite.distributed``."""
 
     name = "ignite"
+    #: ``idist.Parallel`` and ``ignite.distributed.launcher`` set the torch variables.
+    environment = TorchVariables()
 
     def __init__(self) -> None:
         self._owns = False

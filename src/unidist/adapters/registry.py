@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from unidist._env import EnvReading
+from unidist._env import EnvReading, environments
 from unidist.adapters.base import Adapter
+from unidist.adapters.legacy import adapt
 from unidist.errors import AdapterNotFoundError, AdapterUnavailableError, ConfigurationError
 
 __all__ = [
@@ -101,6 +102,7 @@ _BUILTINS = (
         "torch", "unidist.adapters.torch:TorchAdapter", "torch", "torch", "pip install torch"
     ),
 )
+_BUILTIN_NAMES = frozenset(spec.name for spec in _BUILTINS)
 #: Detection asks these first (a framework in use), then third-party adapters, then ``torch``.
 _DETECTION_FIRST = ("ignite", "composer")
 
@@ -200,14 +202,23 @@ def get(name: str) -> Adapter:
             pip_hint=spec.pip_hint or f"pip install {spec.requires}",
         )
     cls = spec.target if isinstance(spec.target, type) else _load(spec)
-    instance = cls()
-    if not isinstance(instance, Adapter):
-        raise ConfigurationError(
-            f"{spec.target} does not implement the adapter contract "
-            "(unidist.adapters.base.Adapter). HINT: run unidist.testing.check_adapter on it."
-        )
+    target = spec.target if isinstance(spec.target, str) else spec.target.__qualname__
+    instance = adapt(cls(), target)
+    if spec.origin != "builtin":
+        _know_environment(instance)
     _instances[name] = instance
     return instance
+
+
+def _know_environment(adapter: Adapter) -> None:
+    """Let unidist's environment chooser ask a third-party adapter's environment (after the
+    torch variables, before SLURM and MPI), unless an environment of its type is known."""
+    place = adapter.environment
+    if place is None:
+        return
+    known = environments.environments()
+    if not any(type(other) is type(place) for other in known):
+        environments.register(place)
 
 
 def _load(spec: AdapterSpec) -> type:
@@ -232,7 +243,10 @@ def choose(
         The adapter and a sentence saying why it was chosen.
     """
     if explicit is not None and not isinstance(explicit, str):
-        return explicit, "passed as an object"
+        chosen = adapt(explicit, f"the object {explicit!r}")
+        if chosen is explicit and getattr(explicit, "name", None) not in _BUILTIN_NAMES:
+            _know_environment(chosen)
+        return chosen, "passed as an object"
     if explicit is not None:
         return get(explicit), f"adapter={explicit!r} was passed"
     if from_env is not None:

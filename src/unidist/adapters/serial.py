@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from unidist._env.environments import SingleProcess
 from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
 
@@ -26,6 +27,8 @@ class SerialAdapter(NamedAdapter):
     """One process, no process group; every collective returns its input."""
 
     name = "serial"
+    #: Nothing started it: one process (the fallback every chooser ends with).
+    environment = SingleProcess()
 
     def detect(self, env: EnvReading) -> str | None:
         return None  # never chosen by detection: it is the no-launcher default

@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from unidist._env.environments import TorchVariables
 from unidist.adapters._torchdist import gather
 from unidist.adapters.base import NamedAdapter
 from unidist.errors import ConfigurationError
@@ -46,6 +47,8 @@ class TorchAdapter(NamedAdapter):
     """
 
     name = "torch"
+    #: torchrun's and ``unidist launch``'s variables (unidist reads them first anyway).
+    environment = TorchVariables()
 
     def __init__(self) -> None:
         self._owns = False

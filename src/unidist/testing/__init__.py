@@ -12,18 +12,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from importlib.util import find_spec
 from typing import Any
 
-from unidist._env.topology import EnvReading
 from unidist.testing._harness import (
     DistributedTestError,
     DistributedTestHang,
     DistributedTestTimeout,
     run_distributed,
 )
-from unidist.testing.conformance import CLAUSES, ConformanceError
+from unidist.testing.conformance import CLAUSES, ConformanceError, check_environment
 from unidist.testing.oom import OOMBudget
 
 __all__ = [
@@ -38,78 +37,6 @@ __all__ = [
     "requires",
     "run_distributed",
 ]
-
-
-def check_environment(environment: Any, variables: Mapping[str, str]) -> EnvReading:
-    """Check an environment (the other half of an adapter) on one set of its variables.
-
-    No process is started: an environment reads variables only. The checks: it has the
-    attributes of :class:`unidist.environments.Environment`; ``detect`` is True for
-    ``variables`` and False for an empty environment (otherwise it would claim every single
-    process); neither method changes ``variables`` or this process's environment; ``read``
-    returns an :class:`~unidist.environments.EnvReading` whose rank is in range, the same twice
-    (it depends on ``variables`` only).
-
-    Args:
-        environment: an environment object or class (a class is instantiated without arguments).
-        variables: what the environment sets in one process of a job.
-
-    Returns:
-        What it read.
-
-    Raises:
-        ConformanceError: every failed check, under ``report["environment"][0]``.
-    """
-    from unidist import _env
-
-    if isinstance(environment, type):
-        environment = environment()
-    name = getattr(environment, "name", repr(environment))
-    missing = [
-        attribute
-        for attribute in ("name", "creates_processes", "detect", "read")
-        if not hasattr(environment, attribute)
-    ]
-    before, given, probe = _env.environ_copy(), dict(variables), dict(variables)
-    failures = [f"it has no {', '.join(missing)}"] if missing else []
-    reading = None if missing else _read_checked(environment, probe, failures)
-    if probe != given:
-        failures.append("it changed the variables it was given")
-    if _env.environ_copy() != before:
-        failures.append("it changed this process's environment (os.environ)")
-    if failures or reading is None:
-        raise ConformanceError(
-            f"environment {name!r} breaks the contract: {'; '.join(failures)}.",
-            {"environment": {0: "; ".join(failures)}},
-        )
-    return reading
-
-
-def _read_checked(
-    environment: Any, probe: dict[str, str], failures: list[str]
-) -> EnvReading | None:
-    """``environment``'s reading of ``probe``, adding what breaks the contract to ``failures``."""
-    try:
-        if environment.detect(probe) is not True:
-            failures.append("detect(variables) is not True for its own variables")
-        if environment.detect({}) is not False:
-            failures.append("detect({}) is not False: it would claim every single process")
-        reading = environment.read(probe)
-        again = environment.read(probe)
-    except Exception as exc:
-        failures.append(f"detect or read raised {type(exc).__name__}: {exc}")
-        return None
-    if not isinstance(reading, EnvReading):
-        failures.append(
-            f"read returned {type(reading).__name__}, not an EnvReading (build it with "
-            "unidist.environments.reading)"
-        )
-        return None
-    if reading != again:
-        failures.append("read gave two different readings of the same variables")
-    if not 0 <= reading.rank < reading.world_size:
-        failures.append(f"rank {reading.rank} is not in 0..{reading.world_size - 1}")
-    return reading
 
 
 def check_adapter(

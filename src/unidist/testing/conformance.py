@@ -8,15 +8,16 @@ leave the ranks out of step. :func:`unidist.testing.check_adapter` runs them all
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import unidist
 from unidist import _env, lifecycle
+from unidist._env.topology import EnvReading
 from unidist.errors import ConfigurationError, RemoteError, UnidistError
 
-__all__ = ["CLAUSES", "ConformanceError", "run_clauses"]
+__all__ = ["CLAUSES", "ConformanceError", "check_environment", "run_clauses"]
 
 
 class ConformanceError(UnidistError, AssertionError):
@@ -38,6 +39,76 @@ def _expect(condition: bool, message: str) -> None:
 
 def _rank_world() -> tuple[int, int]:
     return unidist.get_rank(), unidist.get_world_size()
+
+
+def check_environment(environment: Any, variables: Mapping[str, str]) -> EnvReading:
+    """Check an environment (the other half of an adapter) on one set of its variables.
+
+    No process is started: an environment reads variables only. The checks: it has the
+    attributes of :class:`unidist.environments.Environment`; ``detect`` is True for
+    ``variables`` and False for an empty environment (otherwise it would claim every single
+    process); neither method changes ``variables`` or this process's environment; ``read``
+    returns an :class:`~unidist.environments.EnvReading` whose rank is in range, the same twice
+    (it depends on ``variables`` only).
+
+    Args:
+        environment: an environment object or class (a class is instantiated without arguments).
+        variables: what the environment sets in one process of a job.
+
+    Returns:
+        What it read.
+
+    Raises:
+        ConformanceError: every failed check, under ``report["environment"][0]``.
+    """
+    if isinstance(environment, type):
+        environment = environment()
+    name = getattr(environment, "name", repr(environment))
+    missing = [
+        attribute
+        for attribute in ("name", "creates_processes", "detect", "read")
+        if not hasattr(environment, attribute)
+    ]
+    before, given, probe = _env.environ_copy(), dict(variables), dict(variables)
+    failures = [f"it has no {', '.join(missing)}"] if missing else []
+    reading = None if missing else _read_checked(environment, probe, failures)
+    if probe != given:
+        failures.append("it changed the variables it was given")
+    if _env.environ_copy() != before:
+        failures.append("it changed this process's environment (os.environ)")
+    if failures or reading is None:
+        raise ConformanceError(
+            f"environment {name!r} breaks the contract: {'; '.join(failures)}.",
+            {"environment": {0: "; ".join(failures)}},
+        )
+    return reading
+
+
+def _read_checked(
+    environment: Any, probe: dict[str, str], failures: list[str]
+) -> EnvReading | None:
+    """``environment``'s reading of ``probe``, adding what breaks the contract to ``failures``."""
+    try:
+        if environment.detect(probe) is not True:
+            failures.append("detect(variables) is not True for its own variables")
+        if environment.detect({}) is not False:
+            failures.append("detect({}) is not False: it would claim every single process")
+        reading = environment.read(probe)
+        again = environment.read(probe)
+    except Exception as exc:
+        failures.append(f"detect or read raised {type(exc).__name__}: {exc}")
+        return None
+    if not isinstance(reading, EnvReading):
+        failures.append(
+            f"read returned {type(reading).__name__}, not an EnvReading (build it with "
+            "unidist.environments.reading)"
+        )
+        return None
+    if reading != again:
+        failures.append("read gave two different readings of the same variables")
+    if not 0 <= reading.rank < reading.world_size:
+        failures.append(f"rank {reading.rank} is not in 0..{reading.world_size - 1}")
+    return reading
 
 
 def clause_topology() -> None:
@@ -303,6 +374,35 @@ def clause_primitives() -> None:
     _expect(sent.tolist() == [0], f"primitive broadcast: {sent}")
 
 
+def clause_environment() -> None:
+    """The adapter's environment (where its jobs run) keeps the environment contract and, where
+    it finds this job's variables, reads this rank's place as the session does."""
+    from unidist._env.environments import BUILT_IN, SingleProcess
+
+    session = lifecycle.session_for("conformance")
+    _expect(
+        hasattr(session.adapter, "environment"),
+        f"the adapter {session.adapter.name!r} has no `environment`",
+    )
+    place: Any = session.adapter.environment
+    if place is None or isinstance(place, SingleProcess):  # SingleProcess claims any process
+        return
+    variables = _env.environ_copy()
+    if not place.detect(variables):  # it runs elsewhere: its own contract only
+        _expect(
+            isinstance(place, BUILT_IN) or place.detect({}) is False,
+            f"environment {place.name!r}: detect({{}}) must be False",
+        )
+        return
+    reading = check_environment(place, variables)
+    topo = session.topology
+    _expect(
+        (reading.rank, reading.world_size) == (topo.rank, topo.world_size),
+        f"environment {place.name!r} reads rank {reading.rank} of {reading.world_size}; the "
+        f"session is rank {topo.rank} of {topo.world_size}",
+    )
+
+
 def clause_communicator() -> None:
     """The session's communicator agrees, exchanges and passes flags the same on every rank."""
     from unidist import sync
@@ -343,6 +443,7 @@ def clause_communicator() -> None:
 
 CLAUSES: dict[str, Callable[[], None]] = {
     "topology": clause_topology,
+    "environment": clause_environment,
     "primitives": clause_primitives,
     "all_reduce_tensors": clause_all_reduce_tensors,
     "all_reduce_numbers": clause_all_reduce_numbers,
