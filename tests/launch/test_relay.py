@@ -83,7 +83,13 @@ def relays(port: int, count: int) -> list[Relay]:
     return made
 
 
-def received(relay_: Relay, timeout: float = 5) -> Failure | None:
+#: What a bounded wait may take beyond its deadline on a busy machine (a hang takes minutes).
+SLACK = 10.0
+
+
+def received(relay_: Relay, timeout: float = 60) -> Failure | None:
+    """What ``relay_`` received, waiting until it arrives (``timeout``: only a bound; a busy
+    machine can take seconds for a store round trip)."""
     deadline = time.monotonic() + timeout
     while relay_.received() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -96,15 +102,11 @@ def test_every_node_learns_the_culprit_and_the_first_stays(store_port: int) -> N
         b.publish(RAISED)
         assert received(a) == RAISED
         assert received(b) == RAISED
-        started = time.monotonic()
-        a.linger()  # a node that only learnt of it leaves as soon as every node has seen it
-        assert time.monotonic() - started < 1
+        assert a.linger()  # a node that only learnt of it leaves once every node has seen it
         a.publish(replace(RAISED, rank=0, local_rank=0, node_rank=0, host="node-a"))
         time.sleep(relay.POLL * 2)  # two polls for a change that must not come: nothing to await
         assert a.received() == RAISED  # first writer wins: every node reports the same rank
-        started = time.monotonic()
-        b.linger()  # both have seen it: no waiting
-        assert time.monotonic() - started < 1
+        assert b.linger()  # both have seen it: not its deadline
     finally:
         a.stop()
         b.stop()
@@ -116,7 +118,7 @@ def test_a_ranks_own_failure_replaces_a_published_wait(store_port: int) -> None:
         a.publish(TIMEOUT)
         assert received(b) == TIMEOUT
         b.publish(RAISED)
-        wait_for(lambda: a.received() == RAISED, 5, "rank 1's own failure to replace the wait")
+        wait_for(lambda: a.received() == RAISED, 60, "rank 1's own failure to replace the wait")
     finally:
         a.stop()
         b.stop()
@@ -148,13 +150,13 @@ def test_a_vanished_store_costs_a_deadline_not_a_hang(monkeypatch: pytest.Monkey
         lonely.publish(RAISED)
         started = time.monotonic()
         lonely.linger()
-        assert time.monotonic() - started <= relay.LINGER + 0.5
+        assert time.monotonic() - started <= relay.LINGER + SLACK
         assert lonely.received() is None
         assert lonely.errors >= 1
     finally:
         started = time.monotonic()
         lonely.stop()
-        assert time.monotonic() - started < relay.DEADLINE + 1.5
+        assert time.monotonic() - started < relay.DEADLINE + SLACK
 
 
 def test_a_stopped_store_host_costs_a_deadline_not_a_hang(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,11 +177,11 @@ def test_a_stopped_store_host_costs_a_deadline_not_a_hang(monkeypatch: pytest.Mo
             other.stop()
             os.kill(host.pid, signal.SIGSTOP)
             started = time.monotonic()
-            one.linger()  # waits for the other node to see it, through the stopped store
-            assert time.monotonic() - started <= relay.LINGER + relay.DEADLINE + 1.0
+            assert not one.linger()  # waited for the other node, through the stopped store
+            assert time.monotonic() - started <= relay.LINGER + relay.DEADLINE + SLACK
             started = time.monotonic()
             one.stop()
-            assert time.monotonic() - started < 2 * relay.DEADLINE + 1.5
+            assert time.monotonic() - started < 2 * relay.DEADLINE + SLACK
         finally:
             host.kill()
             join_store_threads(4 * relay.DEADLINE)  # stop() bounds its wait, not the thread
@@ -237,12 +239,12 @@ def test_a_node_whose_launcher_dies_is_published_as_lost(store_port: int) -> Non
         assert a.received() is None
         other.kill()  # SIGKILL: it says nothing
         killed = time.monotonic()
-        found = received(a, a.lost + 5)
+        found = received(a)
         assert found is not None
         assert (found.kind, found.rank, found.node_rank) == ("lost", 2, 1)
         assert "node 1 went away" in found.detail
         assert "node 0" in found.detail
-        assert time.monotonic() - killed < a.lost + 2
+        assert time.monotonic() - killed < a.lost + SLACK
     finally:
         other.kill()
         other.communicate()
@@ -314,9 +316,7 @@ def test_a_node_whose_ranks_finished_leaves_the_round_and_asks_the_store_nothing
         monkeypatch.setattr(relay, "LINGER", 60.0)
         a.publish(replace(RAISED, rank=1, local_rank=1, node_rank=0, host="node-a"))
         assert received(a) is not None
-        started = time.monotonic()
-        a.linger()
-        assert time.monotonic() - started < 30  # not the 60 s of waiting for b's word
+        assert a.linger()  # not the 60 s of waiting for b's word
         assert calls == []
         again = threading.Event()
         b.leave(again.set)  # asked twice: answered at once, still without a round trip

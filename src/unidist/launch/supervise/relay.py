@@ -404,10 +404,14 @@ class Relay(threading.Thread):
         self._wake.set()
         self.join(timeout=2 * DEADLINE + 1)
 
-    def linger(self) -> None:
+    def linger(self) -> bool:
         """Before a failed launcher leaves: publish what is pending, wait for every node to see it.
 
         Bounded by :data:`LINGER`; returns at once when no failure is known for this round.
+
+        Returns:
+            False when it gave up at its deadline (or was stopped) before every node had seen
+            the failure; True otherwise.
         """
         deadline = time.monotonic() + LINGER
         # The watchdog may not have published this node's failure yet (it looks every 50 ms).
@@ -421,11 +425,12 @@ class Relay(threading.Thread):
             with self._lock:
                 known, current = self._received is not None, self._round
             if not known or current is None:
-                return
+                return True
             seen = self._add(self._key(current[0], "seen"), 0)  # or left the round
             if seen is None or seen >= current[1] // current[2]:
-                return
+                return seen is not None
             time.sleep(0.1)
+        return False
 
     def _known(self) -> bool:
         with self._lock:
