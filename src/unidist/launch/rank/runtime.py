@@ -228,7 +228,11 @@ def _keep_destroyed_groups(dist: Any) -> None:
         if group is not None:
             _kept_groups.append(group)
         elif dist.is_initialized():
+            # Every group goes with the world: the subgroups too (a framework's temporary gloo
+            # group, unidist's control group), or the progress sampler's thread, which reads
+            # every group's sequence number, could drop the last reference to one of them.
             _kept_groups.append(dist.group.WORLD)
+            _kept_groups.extend(dist.distributed_c10d._world.pg_map)
         original(group)
 
     dist.destroy_process_group = destroy_process_group
