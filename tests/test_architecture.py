@@ -7,11 +7,13 @@ deliberately bad import, to show that the contracts catch it (imports inside fun
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grimp
@@ -208,13 +210,30 @@ def _imports_by_name(path: Path) -> list[str]:
 
 def test_nothing_imports_a_unidist_module_by_name_outside_the_registries() -> None:
     """An import by name hides an upward edge from lint-imports: only the registries may."""
-    found = [
+    found = _scan(_imports_by_name, lambda name: name in BY_NAME_ALLOWED)
+    assert found == [], "use unidist._frameworks.integration(...) instead:\n" + "\n".join(found)
+
+
+def _scan(check: Callable[[Path], list[str]], allowed: Callable[[str], bool]) -> list[str]:
+    """``check``'s hits in every module of the source tree but the ``allowed`` ones (by their
+    path below ``unidist/``)."""
+    return [
         hit
         for path in sorted(SOURCE.rglob("*.py"))
-        if str(path.relative_to(SOURCE)) not in BY_NAME_ALLOWED
-        for hit in _imports_by_name(path)
+        if not allowed(str(path.relative_to(SOURCE)))
+        for hit in check(path)
     ]
-    assert found == [], "use unidist._frameworks.integration(...) instead:\n" + "\n".join(found)
+
+
+@contextlib.contextmanager
+def _source(tree: Path) -> Iterator[None]:
+    """Report paths below ``tree`` instead of the real source tree, for a check's own test."""
+    global SOURCE
+    saved, SOURCE = SOURCE, tree
+    try:
+        yield
+    finally:
+        SOURCE = saved
 
 
 def test_the_check_sees_an_import_by_name(tmp_path: Path) -> None:
@@ -225,12 +244,8 @@ def test_the_check_sees_an_import_by_name(tmp_path: Path) -> None:
         "import_module('unidist.integrations.composer')\n"
         "importlib.import_module(w)\nimportlib.import_module('torch.distributed')\n"
     )
-    global SOURCE
-    saved, SOURCE = SOURCE, tmp_path
-    try:
+    with _source(tmp_path):
         hits = _imports_by_name(bad)
-    finally:
-        SOURCE = saved
     assert [hit.split()[0] for hit in hits] == ["bad.py:4", "bad.py:5", "bad.py:6"]
 
 
@@ -310,23 +325,16 @@ def _adapter_primitive_calls(path: Path) -> list[str]:
 
 def test_every_collective_reaches_the_adapter_through_the_communicator() -> None:
     """One road down: a collective, a barrier or a new group goes through ``session.comm``."""
-    found = [
-        hit
-        for path in sorted(SOURCE.rglob("*.py"))
-        if not str(path.relative_to(SOURCE)).startswith("adapters/")
-        and str(path.relative_to(SOURCE)) not in PRIMITIVE_CALLERS
-        for hit in _adapter_primitive_calls(path)
-    ]
+    found = _scan(
+        _adapter_primitive_calls,
+        lambda name: name.startswith("adapters/") or name in PRIMITIVE_CALLERS,
+    )
     assert found == [], "call session.comm.<primitive> instead:\n" + "\n".join(found)
 
 
 def test_the_road_check_sees_a_direct_call(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("session.adapter.all_reduce(t, 'sum', None)\nsession.comm.barrier(1)\n")
-    global SOURCE
-    saved, SOURCE = SOURCE, tmp_path
-    try:
+    with _source(tmp_path):
         hits = _adapter_primitive_calls(bad)
-    finally:
-        SOURCE = saved
     assert hits == ["bad.py:1 session.adapter.all_reduce"]

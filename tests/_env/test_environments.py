@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,6 +15,8 @@ from unidist._env import environments as builtin
 from unidist.environments import EnvReading, reading
 from unidist.errors import ConfigurationError, TopologyError
 from unidist.testing import ConformanceError, check_environment
+
+from .._two_ranks import run_two_ranks
 
 SOURCE = Path(__file__).resolve().parents[2] / "src"
 
@@ -203,41 +203,20 @@ unidist.finalize()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.multiprocess
 def test_two_processes_train_under_an_environment_from_an_entry_point(tmp_path: Path) -> None:
     _package(tmp_path)
-    base = {k: v for k, v in _env.environ_copy().items() if k not in _TORCH_AND_LAUNCHERS}
-    base["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(SOURCE)])
-    for _attempt in range(3):  # a port another program took in between: choose again
-        port = str(_free_port())
-        ranks = [
-            subprocess.Popen(
-                [sys.executable, "-c", JOB],
-                env={
-                    **base,
-                    "MYCLUSTER_TASK": str(rank),
-                    "MYCLUSTER_TASKS": "2",
-                    "MYCLUSTER_HEAD": "127.0.0.1",
-                    "MYCLUSTER_PORT": port,
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in range(2)
-        ]
-        outs = [rank.communicate(timeout=180) for rank in ranks]
-        if all(rank.returncode == 0 for rank in ranks):
-            break
-        if not any("ddress already in use" in err for _, err in outs):
-            break
-    assert [rank.returncode for rank in ranks] == [0, 0], outs
+    codes, outs = run_two_ranks(
+        JOB,
+        lambda rank, port: {
+            "MYCLUSTER_TASK": str(rank),
+            "MYCLUSTER_TASKS": "2",
+            "MYCLUSTER_HEAD": "127.0.0.1",
+            "MYCLUSTER_PORT": str(port),
+        },
+        [tmp_path, SOURCE],
+    )
+    assert codes == [0, 0], outs
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
     for rank, result in enumerate(results):
         assert result["total"] == 3
@@ -250,24 +229,3 @@ def test_two_processes_train_under_an_environment_from_an_entry_point(tmp_path: 
             "num_nodes": 1,
             "launcher": "mycluster",
         }
-
-
-_TORCH_AND_LAUNCHERS = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "UNIDIST_LAUNCHER",
-    "UNIDIST_PROGRESS",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_STEP_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-}

@@ -4,10 +4,6 @@ the pre-releases keep working through the shim, with a warning that says what to
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +20,7 @@ from unidist.errors import ConfigurationError
 from unidist.testing import CLAUSES, run_distributed
 from unidist.testing.conformance import run_clauses
 
+from .._two_ranks import run_two_ranks
 from .oneclass import OneClassAdapter, RackAdapter, Racks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,59 +132,22 @@ print(json.dumps({"topology": unidist.topology().as_dict(), "total": total}))
 unidist.finalize()
 """
 
-#: What would place the ranks before the adapter's environment could.
-_OTHER_PLACES = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "NODE_RANK",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "UNIDIST_LAUNCHER",
-    "UNIDIST_PROGRESS",
-    "TORCHELASTIC_RUN_ID",
-    "SLURM_PROCID",
-    "SLURM_STEP_ID",
-    "OMPI_COMM_WORLD_RANK",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK",
-    "PMI_SIZE",
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @pytest.mark.multiprocess
 def test_two_processes_train_where_their_adapters_environment_places_them() -> None:
     # Nothing but RACK_* is set: before the adapter is loaded unidist reads one process; the
     # adapter's environment joins the chooser and initialize reads the ranks from it.
-    base = {k: v for k, v in _env.environ_copy().items() if k not in _OTHER_PLACES}
-    base["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src")])
-    for _attempt in range(3):  # a port another program took in between: choose again
-        head = f"127.0.0.1:{_free_port()}"
-        ranks = [
-            subprocess.Popen(
-                [sys.executable, "-c", JOB],
-                env={**base, "RACK_RANK": str(rank), "RACK_SIZE": "2", "RACK_HEAD": head},
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                cwd=ROOT,
-            )
-            for rank in range(2)
-        ]
-        outs = [rank.communicate(timeout=180) for rank in ranks]
-        if all(rank.returncode == 0 for rank in ranks):
-            break
-        if not any("ddress already in use" in err for _, err in outs):
-            break
-    assert [rank.returncode for rank in ranks] == [0, 0], outs
+    codes, outs = run_two_ranks(
+        JOB,
+        lambda rank, port: {
+            "RACK_RANK": str(rank),
+            "RACK_SIZE": "2",
+            "RACK_HEAD": f"127.0.0.1:{port}",
+        },
+        [ROOT, ROOT / "src"],
+        cwd=ROOT,
+    )
+    assert codes == [0, 0], outs
     for rank, (out, _) in enumerate(outs):
         result = json.loads(out.strip().splitlines()[-1])
         assert result["total"] == 3

@@ -102,7 +102,6 @@ _BUILTINS = (
         "torch", "unidist.adapters.torch:TorchAdapter", "torch", "torch", "pip install torch"
     ),
 )
-_BUILTIN_NAMES = frozenset(spec.name for spec in _BUILTINS)
 #: Detection asks these first (a framework in use), then third-party adapters, then ``torch``.
 _DETECTION_FIRST = ("ignite", "composer")
 
@@ -204,8 +203,7 @@ def get(name: str) -> Adapter:
     cls = spec.target if isinstance(spec.target, type) else _load(spec)
     target = spec.target if isinstance(spec.target, str) else spec.target.__qualname__
     instance = adapt(cls(), target)
-    if spec.origin != "builtin":
-        _know_environment(instance)
+    _know_environment(instance)
     _instances[name] = instance
     return instance
 
@@ -214,7 +212,7 @@ def _know_environment(adapter: Adapter) -> None:
     """Let unidist's environment chooser ask a third-party adapter's environment (after the
     torch variables, before SLURM and MPI), unless an environment of its type is known."""
     place = adapter.environment
-    if place is None:
+    if place is None or isinstance(place, environments.BUILT_IN):  # always asked
         return
     known = environments.environments()
     if not any(type(other) is type(place) for other in known):
@@ -244,8 +242,7 @@ def choose(
     """
     if explicit is not None and not isinstance(explicit, str):
         chosen = adapt(explicit, f"the object {explicit!r}")
-        if chosen is explicit and getattr(explicit, "name", None) not in _BUILTIN_NAMES:
-            _know_environment(chosen)
+        _know_environment(chosen)
         return chosen, "passed as an object"
     if explicit is not None:
         return get(explicit), f"adapter={explicit!r} was passed"
