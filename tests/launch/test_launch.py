@@ -65,6 +65,7 @@ def test_custom_log_templates(tmp_path: Path) -> None:
         ("raise", 1, "rank 1 (local rank 1) on"),
         ("exit7", 7, "rank 1 (local rank 1) on"),
         ("sigkill", 128 + 9, "killed by SIGKILL (not by the launcher)"),
+        ("segfault", 128 + 11, "killed by SIGSEGV (not by the launcher)"),
     ],
 )
 def test_the_culprits_exit_code_and_report(
@@ -83,6 +84,10 @@ def test_the_culprits_exit_code_and_report(
     if mode == "raise":
         assert "ValueError: rank 1 is broken" in culprit_line
         assert "job.py" in summary  # the culprit's traceback excerpt
+    if mode == "segfault":  # faulthandler wrote where the rank was when it crashed
+        crash = summary.split("culprit:", 1)[1].split("rank 0 (local rank 0)", 1)[0]
+        assert "Fatal Python error: Segmentation fault" in crash, summary
+        assert "in crash_in_native_code" in crash, summary
     assert_nothing_left(tmp_path)
 
 

@@ -19,6 +19,7 @@ from unidist.launch.supervise.outcome import RankOutcome
 from unidist.launch.supervise.report import (
     analyse,
     check_logs,
+    crash_excerpt,
     exit_code_of,
     stack_excerpt,
     storage_problem,
@@ -204,6 +205,68 @@ def test_a_stopped_ranks_excerpt_shows_the_users_frames_last(tmp_path: Path) -> 
         "save_checkpoint",
     ]
     assert not [line for line in lines if "runpy" in line or "_bootstrap" in line]
+
+
+def test_a_crash_in_a_thread_shows_that_thread_and_the_main_thread(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import ctypes, sys, threading, time\n"
+        "def crash_in_native_code():\n"
+        "    main = threading.main_thread().ident\n"
+        "    while sys._current_frames()[main].f_code.co_name != 'train':\n"
+        "        time.sleep(0.01)  # until the main thread is in train()\n"
+        "    ctypes.string_at(0)\n"
+        "def train():\n"
+        "    time.sleep(60)\n"
+        "threading.Thread(target=crash_in_native_code, daemon=True).start()\n"
+        "train()\n"
+    )
+    crashed = subprocess.run(
+        [sys.executable, "-m", "unidist.launch.rank.bootstrap", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert crashed.returncode == -11, crashed.stderr  # SIGSEGV
+    lines = crash_excerpt(crashed.stderr, 6)
+    assert lines[0] == "Fatal Python error: Segmentation fault"
+    heads = [line for line in lines if not line.startswith("  ")]
+    assert heads[1:] == [
+        "crashing thread (most recent call last):",
+        "main thread (most recent call last):",
+    ]
+    crashing = lines[heads.index(heads[1]) + 1 : lines.index(heads[2])]
+    functions = [line.rsplit(" in ", 1)[1] for line in crashing]
+    assert functions[-2:] == ["crash_in_native_code", "string_at"], lines  # ctypes' frame
+    assert lines[-1].endswith("in train"), lines
+    assert not [line for line in lines if "runpy" in line or "rank/bootstrap" in line]
+
+
+def test_a_crash_in_a_native_thread_says_so_and_shows_the_main_thread() -> None:
+    dump = """rank 1 says hello
+Fatal Python error: Segmentation fault
+
+Current thread 0x00007f0000000001 (most recent call first):
+  <no Python frame>
+
+Thread 0x00007f0000000002 (most recent call first):
+  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 4151 in scatter
+  File "/job/train.py", line 12 in save
+  File "/job/train.py", line 30 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+
+Extension modules: numpy._core._multiarray_umath, torch._C (total: 2)
+"""
+    assert crash_excerpt(dump, 6) == [
+        "Fatal Python error: Segmentation fault",
+        "crashing thread (most recent call last):",
+        "  (no Python frame: in native code)",
+        "main thread (most recent call last):",
+        '  File "/job/train.py", line 30 in <module>',
+        '  File "/job/train.py", line 12 in save',
+        '  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 4151 in scatter',
+    ]
+    assert crash_excerpt("Traceback (most recent call last):\n  ValueError: no\n", 6) == []
 
 
 # -- a log that could not be written, and a success after restarts ------------------------------

@@ -5,11 +5,13 @@ keeps running after the job is done), flaky (rank 1 raises on the first attempt 
 (rank 1 leaves with os._exit(0) while rank 0 still saves a checkpoint to $CHECKPOINT),
 closedout (rank 1 closes its stdout, then exits with code 5), grow (a world of one waits to be
 restarted by torch's agent when a second node joins), flood (rank 1 prints until its log's disk
-is full), storewait (rank 0 waits in a store barrier for rank 1, which sleeps).
+is full), storewait (rank 0 waits in a store barrier for rank 1, which sleeps), segfault (rank 1
+reads address 0 in native code, in ``crash_in_native_code``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -20,6 +22,11 @@ from pathlib import Path
 import torch
 
 import unidist
+
+
+def crash_in_native_code() -> None:
+    ctypes.string_at(0)  # SIGSEGV, as a bug in a C extension would
+
 
 mode = sys.argv[1]
 unidist.initialize()
@@ -41,6 +48,8 @@ if rank == 1:
         sys.exit(7)
     if mode == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "segfault":
+        crash_in_native_code()
     if mode == "flaky" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
         raise ValueError("rank 1 fails on the first attempt")
     if mode == "flood":

@@ -6,7 +6,8 @@ started (pid, rank, host) and that it finished; why it failed goes to torch's er
 fault or the consequence of another rank's failure). The launcher reads them to name the
 culprit. Each rank also:
 
-* dumps every thread's Python stack to its stderr log when the launcher stops it (SIGTERM or
+* dumps every thread's Python stack to its stderr log when it crashes in native code (a
+  segmentation fault, an abort), or when the launcher stops it (SIGTERM or
   SIGINT) or asks for it (:data:`STACK_SIGNAL`, a real-time signal no script uses: SIGUSR1
   and SIGUSR2 stay free for schedulers, SLURM's ``--signal=USR1@90`` above all), so the report
   shows what a stopped rank was doing;
@@ -92,6 +93,9 @@ def prepare_rank(python: bool = True) -> None:
     die_with_parent()
     if python:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # A crash in native code (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) writes every
+        # thread's Python stack to the rank's log before it dies: the report can say where.
+        faulthandler.enable(all_threads=True)
         for sig in (signal.SIGTERM, signal.SIGINT):
             faulthandler.register(sig, all_threads=True, chain=True)
         faulthandler.register(STACK_SIGNAL, all_threads=True, chain=False)

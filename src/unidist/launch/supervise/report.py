@@ -43,6 +43,7 @@ __all__ = [
     "check_logs",
     "exit_code_of",
     "outcome_of",
+    "crash_excerpt",
     "stack_excerpt",
     "storage_problem",
 ]
@@ -250,6 +251,8 @@ def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
         ]
     text = _read(o.stderr)
     stack = stack_excerpt(text, lines) if o.status in (Status.STOPPED, Status.HUNG) else []
+    if o.status == Status.CRASHED:
+        stack = crash_excerpt(text, lines)
     kept = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
     body = [f"      | {line}" for line in kept] if kept else ["      | (stderr is empty)"]
     return [*body, f"      full logs: {shown(o.stderr)}", f"                 {shown(o.stdout)}"]
@@ -285,6 +288,53 @@ def stack_excerpt(text: str, frames: int) -> list[str]:
     if not kept:
         return []
     return ["stack when stopped (most recent call last):", *reversed(kept)]
+
+
+_FATAL = re.compile(r"^Fatal Python error: (.+)$")
+
+
+def crash_excerpt(text: str, frames: int) -> list[str]:
+    """Where a rank was when it crashed in native code, from faulthandler's dump in its log.
+
+    A rank of ``unidist launch`` enables faulthandler, which answers a segmentation fault (an
+    abort, a bus error) with ``Fatal Python error: ...`` and every thread's stack, the crashing
+    thread's marked ``Current thread``; the tail of the log would show the outermost frames
+    and the list of extension modules. This keeps the crashing thread's frames (innermost
+    ``frames`` of them, machinery left out, in traceback order) and, when it is not the main
+    thread (a native thread of torch or gloo that runs Python rarely or never), the main
+    thread's too: what the script was doing. Empty when the log holds no such dump.
+    """
+    lines = text.splitlines()
+    start = next((i for i in range(len(lines) - 1, -1, -1) if _FATAL.match(lines[i])), None)
+    if start is None:
+        return []
+    blocks: list[tuple[str, list[str]]] = []
+    for line in lines[start + 1 :]:
+        if _THREAD.match(line):
+            blocks.append((line, []))
+        elif blocks and line.startswith('  File "'):
+            blocks[-1][1].append(line)
+        elif blocks and line and not line.startswith(" "):
+            break  # "Extension modules: ...", or the end of the dump
+    out = [lines[start]]  # "Fatal Python error: Segmentation fault"
+    crashing = next((b for b in blocks if b[0].startswith("Current thread")), None)
+    main = next((b for b in blocks if any(_is_main(f) for f in b[1])), None)
+    for title, block in (
+        ("crashing thread", crashing),
+        ("main thread", main if main is not crashing else None),
+    ):
+        if block is None:
+            continue
+        kept = [f for f in block[1] if not any(part in f for part in _MACHINERY)][:frames]
+        shown_frames = list(reversed(kept)) or ["  (no Python frame: in native code)"]
+        out += [f"{title} (most recent call last):", *shown_frames]
+    return out
+
+
+def _is_main(frame: str) -> bool:
+    """A frame only the main thread of a rank has (runpy and unidist's bootstrap for a
+    script, multiprocessing's for a function of :func:`unidist.spawn`)."""
+    return any(part in frame for part in ("runpy", "/unidist/launch/", "/multiprocessing/"))
 
 
 def exit_code_of(code: int) -> int:
