@@ -17,10 +17,12 @@ The third table times one DataLoader epoch with one worker in this process, insi
 workers started by the spawn method (what ``unidist.spawn`` gave before issue 12, and what the
 ranks of Ignite's ``Parallel`` give).
 
-``--quick`` runs one round, and it runs each code path once rather than each row: the failure
-runs only under ``unidist launch`` and torchrun (the other launchers run the same ``once`` on
-the same script), and no spawn-method row (the same ``unidist.spawn`` call with another start
-method). The test command runs it on every change, where a launch costs seconds of CPU.
+``--quick`` runs one round, and it runs each code path once rather than each row: the trivial
+job and the failure run only under ``unidist launch`` and torchrun (the base of the ratios;
+Composer's launcher and Ignite's ``Parallel`` run the same ``once`` on the same script, and
+tests/test_launchers.py runs a job under each of them), and no spawn-method row (the same
+``unidist.spawn`` call with another start method). The test command runs it on every change,
+where a launch costs seconds of CPU.
 """
 
 from __future__ import annotations
@@ -171,8 +173,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.repeat = 1
-    failing = ("unidist launch", "torchrun") if args.quick else tuple(LAUNCHERS)
-    walls: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
+    running = ("unidist launch", "torchrun") if args.quick else tuple(LAUNCHERS)
+    failing = running
+    walls: dict[str, list[float]] = {name: [] for name in running}
     to_exit: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
     codes: dict[str, set[int]] = {name: set() for name in LAUNCHERS}
     hangs: dict[str, int] = dict.fromkeys(LAUNCHERS, 0)
@@ -184,7 +187,8 @@ def main() -> None:
                 assert wall is not None, f"{name} hung on {NO_TORCH_SCRIPT}"
                 assert code == 0, f"{name} failed on {NO_TORCH_SCRIPT} (exit code {code})"
                 plain[name].append(wall)
-            for name, command in LAUNCHERS.items():
+            for name in running:
+                command = LAUNCHERS[name]
                 wall, code, _ = once(command, None)
                 if wall is None:
                     hangs[name] += 1

@@ -30,8 +30,10 @@ ensure_venv() {
   if [ "$(cat "$dir/.unidist-stamp" 2>/dev/null || true)" != "$stamp" ]; then
     echo "[setup:$label] pip install $* (torch is large: a few minutes the first time)"
     local started=$SECONDS
-    _quiet_pip "$dir/bin/python" -m pip install --quiet --upgrade pip
-    _quiet_pip "$dir/bin/python" -m pip install --quiet "$@"
+    # Explicit returns: a caller's `|| ...` turns errexit off in here, and a failed install
+    # must never write the stamp that skips the next attempt.
+    _quiet_pip "$dir/bin/python" -m pip install --quiet --upgrade pip || return 1
+    _quiet_pip "$dir/bin/python" -m pip install --quiet "$@" || return 1
     echo "$stamp" > "$dir/.unidist-stamp"
     echo "[setup:$label] installed in $((SECONDS - started))s"
   fi

@@ -105,9 +105,9 @@ def test_a_launcher_that_hung_in_every_run_keeps_its_row_in_the_launch_tables(
 
     monkeypatch.setattr(launch, "once", once)
     monkeypatch.setattr(launch, "dataloader_rows", lambda repeat, quick: [("here", 0.1, 1.0)])
-    monkeypatch.setattr(sys, "argv", ["launch.py", "--quick"])
+    monkeypatch.setattr(sys, "argv", ["launch.py", "--repeat", "1"])  # every launcher's rows
     launch.main()
     out = capsys.readouterr().out
-    assert re.search(r"ignite Parallel\s+-\s+-\s+1/1\n", out), out
+    assert re.search(r"ignite Parallel\s+-\s+-\s+2/2\n", out), out  # the job and the failure
     assert re.search(r"torchrun\s+-\s+-\s+hung\n", out), out  # its failure run hung
     assert re.search(r"unidist launch\s+0\.5\s+nan\s+\[1\]\n", out), out

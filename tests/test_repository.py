@@ -151,3 +151,30 @@ def test_a_skip_that_is_not_allowed_fails_the_run_with_or_without_workers(
     passed = _run(tmp_path, "-n", workers, "-k", "not skips_itself")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert "does not allow" not in passed.stdout
+
+
+def test_a_failed_install_leaves_no_stamp_so_the_next_run_installs_again(tmp_path: Path) -> None:
+    # scripts/test calls ensure_venv in a `|| return 1` (errexit is off in there): a pip that
+    # failed once wrote the stamp anyway, and every later run skipped the install.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    flaky = tmp_path / "fail-once"
+    flaky.touch()
+    # A stand-in for the environment's python: the first `pip install ARGS` fails, then not.
+    python.write_text(
+        f'#!/bin/sh\n[ "$5" = "some-package" ] && [ -e {flaky} ] && rm {flaky} && exit 1\nexit 0\n'
+    )
+    python.chmod(0o755)
+    script = (
+        f"source {ROOT / 'scripts' / '_venv.sh'}; set +e; "
+        f"ensure_venv {venv} probe some-package || echo 'install failed'; "
+        f"ensure_venv {venv} probe some-package && echo 'install ok'"
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert "install failed" in done.stdout, done.stdout + done.stderr
+    assert "install ok" in done.stdout, done.stdout + done.stderr
+    assert done.stdout.count("pip install") == 2, done.stdout  # the second run installed again
+    assert (venv / ".unidist-stamp").exists()  # written by the install that succeeded
