@@ -216,3 +216,29 @@ def test_another_threads_stack_is_read_in_c_innermost_first() -> None:
     finally:
         release.set()
         thread.join(30)
+
+
+def test_the_sampler_has_stopped_before_the_exit_handlers_run(tmp_path: Path) -> None:
+    # A process whose sampler nobody stopped (no finish(), no failed()): at finalization the
+    # running thread could be inside torch's GIL-releasing _get_sequence_number_for_group, and
+    # CPython's pthread_exit through pybind11's noexcept guard aborted the rank (torch 2.14,
+    # "terminate called without an active exception"). The atexit handlers (unidist's exit
+    # destroy of the groups among them) and finalization must find it stopped.
+    import subprocess
+
+    code = (
+        "import atexit, sys, threading, time\n"
+        "import torch.distributed as dist\n"
+        "from unidist._progress import sampler\n"
+        f"dist.init_process_group('gloo', init_method='file://{tmp_path / 'init'}',"
+        " rank=0, world_size=1)\n"
+        "groups = [dist.new_group([0]) for _ in range(20)]\n"
+        f"running = sampler.start({str(tmp_path / 'progress')!r})\n"
+        "deadline = time.monotonic() + 60\n"
+        "while running.writer.values['ticks'] < 3 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)  # until it has looked (and read every group's number) 3 times\n"
+        "atexit.register(lambda: print('at exit, sampler alive:', running.is_alive()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "at exit, sampler alive: False" in done.stdout, done.stdout + done.stderr

@@ -47,6 +47,8 @@ __all__ = ["TICK", "Sampler", "finish", "start", "step"]
 
 #: Seconds between two looks.
 TICK = 0.1
+#: How long :meth:`Sampler.stop` waits for the thread to end.
+STOP_SECONDS = 30.0
 _MAX_FRAMES = 256
 
 _steps = 0
@@ -299,6 +301,19 @@ class Sampler(threading.Thread):
         self._samples = {State.USER: 0, State.COLLECTIVE: 0, State.DATA: 0, State.BACKWARD: 0}
         self.writer.values["main_thread"] = self.main
 
+    def start(self) -> None:
+        super().start()
+        # The interpreter's end must never find the thread running: inside torch's
+        # _get_sequence_number_for_group (which releases the GIL) at finalization, CPython
+        # ends it with pthread_exit, whose unwinding through pybind11's noexcept GIL guard
+        # calls std::terminate (the rank dies of SIGABRT, "terminate called without an active
+        # exception", after its work is done); and while the exit handlers run, it must not
+        # hold a group that unidist's exit handler destroys. threading's own exit hook runs
+        # first, once the main thread has returned, before any atexit handler; the record
+        # stays as the last look left it (the launcher's bootstrap has recorded a normal end).
+        with contextlib.suppress(AttributeError, RuntimeError):  # not CPython, or exiting
+            threading._register_atexit(self.stop)  # type: ignore[attr-defined]
+
     def run(self) -> None:
         while not self._halt.is_set():
             with contextlib.suppress(Exception):  # a look must never end the rank
@@ -316,7 +331,8 @@ class Sampler(threading.Thread):
             if state is State.USER and self._key is not None:
                 values["motion"] = int(values["motion"]) + 1
             self._key = key
-        sequences = _sequences()
+        # Never into torch's GIL-releasing calls once asked to stop (see start()).
+        sequences = None if self._halt.is_set() else _sequences()
         if sequences is not None:  # else the groups are being destroyed: keep the last numbers
             values.update(world_seq=sequences[0], all_seq=sequences[1])
         values.update(
@@ -342,7 +358,10 @@ class Sampler(threading.Thread):
     def stop(self, done: bool = False) -> None:
         self._halt.set()
         if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout=2)
+            # A look takes a millisecond; the bound covers a thread starved of the GIL and
+            # the CPU on a loaded machine, which must still be out of torch's calls before
+            # the interpreter ends (see start()).
+            self.join(timeout=STOP_SECONDS)
         if done:
             with contextlib.suppress(Exception):
                 self.writer.values.update(state=int(State.DONE), beat=time.monotonic_ns())
