@@ -48,8 +48,14 @@ UNIDIST_LAUNCH = ("-m", "unidist", "launch", "-n", "2")
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    """``python ARGS`` from the repository root with this checkout's unidist; it must succeed."""
+def _run(*args: str, torchs_exit_abort: bool = False) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` from the repository root with this checkout's unidist; it must succeed.
+
+    ``torchs_exit_abort``: for a plain torch script under torchrun (a yardstick unidist has no
+    part in), a rank that died of SIGABRT at exit after its work, torch's own bug on the
+    releases of GLOO_EXIT_ABORT ("terminate called without an active exception", pytorch#190489),
+    counts as done: the records it wrote before are what the test compares.
+    """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
         [sys.executable, *args],
@@ -60,15 +66,31 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=300,
         check=False,
     )
+    if done.returncode != 0 and torchs_exit_abort and _torchs_exit_abort(done.stderr):
+        print(f"torch's own abort at exit (GLOO_EXIT_ABORT) under {args[:2]}: tolerated")
+        return done
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done
+
+
+def _torchs_exit_abort(stderr: str) -> bool:
+    from unidist._workarounds import GLOO_EXIT_ABORT
+
+    return (
+        GLOO_EXIT_ABORT.present()
+        and "terminate called without an active exception" in stderr
+        and "(exitcode: -6)" in stderr
+        and "Traceback (most recent call last)" not in stderr.split("terminate called", 1)[0]
+    )
 
 
 def _launch(
     name: str, record: Path, launcher: tuple[str, ...] = UNIDIST_LAUNCH, script: Path | None = None
 ) -> list[dict[str, Any]]:
     extra = [arg.format(record=record) for arg in EXTRA_ARGS.get(name, [])]
-    _run(*launcher, str(script or f"examples/{name}.py"), *extra, "--record", str(record))
+    command = (*launcher, str(script or f"examples/{name}.py"), *extra, "--record", str(record))
+    plain_torch_yardstick = launcher == TORCHRUN and script is not None
+    _run(*command, torchs_exit_abort=plain_torch_yardstick)
     return [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 
