@@ -174,11 +174,10 @@ def main() -> None:
     if args.quick:
         args.repeat = 1
     running = ("unidist launch", "torchrun") if args.quick else tuple(LAUNCHERS)
-    failing = running
     walls: dict[str, list[float]] = {name: [] for name in running}
-    to_exit: dict[str, list[float]] = {name: [] for name in LAUNCHERS}
-    codes: dict[str, set[int]] = {name: set() for name in LAUNCHERS}
-    hangs: dict[str, int] = dict.fromkeys(LAUNCHERS, 0)
+    to_exit: dict[str, list[float]] = {name: [] for name in running}
+    codes: dict[str, set[int]] = {name: set() for name in running}
+    hangs: dict[str, int] = dict.fromkeys(running, 0)
     plain: dict[str, list[float]] = {name: [] for name in NO_TORCH}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.repeat):
@@ -195,8 +194,6 @@ def main() -> None:
                 else:
                     assert code == 0, f"{name} failed on the trivial job (exit code {code})"
                     walls[name].append(wall)
-                if name not in failing:
-                    continue
                 marker = str(Path(tmp, f"fail-{round_}-{name.split()[0]}"))
                 wall, code, delay = once(command, marker)
                 if wall is None:
@@ -206,7 +203,7 @@ def main() -> None:
                 if delay is not None:
                     to_exit[name].append(delay)
     base = _base(walls["torchrun"])
-    runs = {name: args.repeat * (2 if name in failing else 1) for name in LAUNCHERS}
+    runs = args.repeat * 2  # of each launcher: the trivial job and the failure
     print(
         f"trivial 2-rank job, median of up to {args.repeat} runs (hung: of all the runs of "
         f"a launcher, killed after {HANG_SECONDS} s)"
@@ -215,7 +212,7 @@ def main() -> None:
         table(
             ["launcher", "wall s", "x torchrun", "hung"],
             [  # a launcher that hung in every run keeps its row: the hangs are the finding
-                (name, *_median_and_ratio(w, base), f"{hangs[name]}/{runs[name]}")
+                (name, *_median_and_ratio(w, base), f"{hangs[name]}/{runs}")
                 for name, w in walls.items()
             ],
         )
@@ -236,7 +233,6 @@ def main() -> None:
             [
                 (name, *_median_and_ratio(d, base_exit), sorted(codes[name]) or "hung")
                 for name, d in to_exit.items()
-                if name in failing
             ],
         )
     )

@@ -180,6 +180,16 @@ def test_exit_0_without_a_record_is_a_success(tmp_path: Path) -> None:
     assert analyse(start, tmp_path / ".events", {}, seen, PLAN).exit_code == 0
 
 
+def _as_a_rank(script: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a rank's bootstrap, as ``unidist launch`` runs it; output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "unidist.launch.rank.bootstrap", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 def test_a_stopped_ranks_excerpt_shows_the_users_frames_last(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
@@ -191,12 +201,7 @@ def test_a_stopped_ranks_excerpt_shows_the_users_frames_last(tmp_path: Path) -> 
         "threading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
         "main()\n"
     )
-    dumped = subprocess.run(
-        [sys.executable, "-m", "unidist.launch.rank.bootstrap", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    dumped = _as_a_rank(script)
     lines = stack_excerpt(dumped.stderr, 6)
     assert lines[0] == "stack when stopped (most recent call last):"
     assert [line.split(" in ")[-1] for line in lines[1:]] == [
@@ -221,12 +226,7 @@ def test_a_crash_in_a_thread_shows_that_thread_and_the_main_thread(tmp_path: Pat
         "threading.Thread(target=crash_in_native_code, daemon=True).start()\n"
         "train()\n"
     )
-    crashed = subprocess.run(
-        [sys.executable, "-m", "unidist.launch.rank.bootstrap", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    crashed = _as_a_rank(script)
     assert crashed.returncode == -11, crashed.stderr  # SIGSEGV
     lines = crash_excerpt(crashed.stderr, 6)
     assert lines[0] == "Fatal Python error: Segmentation fault"

@@ -42,8 +42,8 @@ __all__ = [
     "analyse",
     "check_logs",
     "exit_code_of",
-    "outcome_of",
     "crash_excerpt",
+    "outcome_of",
     "stack_excerpt",
     "storage_problem",
 ]
@@ -250,8 +250,10 @@ def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
             f"                 {shown(o.stdout)}",
         ]
     text = _read(o.stderr)
-    stack = stack_excerpt(text, lines) if o.status in (Status.STOPPED, Status.HUNG) else []
-    if o.status == Status.CRASHED:
+    stack: list[str] = []
+    if o.status in (Status.STOPPED, Status.HUNG):
+        stack = stack_excerpt(text, lines)
+    elif o.status == Status.CRASHED:
         stack = crash_excerpt(text, lines)
     kept = stack or [line for line in text.rstrip().splitlines() if line.strip()][-lines:]
     body = [f"      | {line}" for line in kept] if kept else ["      | (stderr is empty)"]
@@ -274,20 +276,13 @@ def stack_excerpt(text: str, frames: int) -> list[str]:
     (runpy, the bootstrap); the tail of the log would show only those. This keeps the main
     thread's frames minus that machinery, innermost ``frames`` of them, in traceback order.
     """
-    blocks: list[list[str]] = []
-    for line in text.splitlines():
-        if _THREAD.match(line):
-            blocks.append([])
-        elif blocks and line.startswith('  File "'):
-            blocks[-1].append(line)
+    blocks = _thread_blocks(text.splitlines())
     if not blocks:
         return []
-    main = [b for b in blocks if any("/unidist/launch/" in f or "runpy" in f for f in b)]
-    chosen = (main or blocks)[-1]
-    kept = [f for f in chosen if not any(part in f for part in _MACHINERY)][:frames]
+    kept = _users_frames(_main_block(blocks) or blocks[-1], frames)
     if not kept:
         return []
-    return ["stack when stopped (most recent call last):", *reversed(kept)]
+    return ["stack when stopped (most recent call last):", *kept]
 
 
 _FATAL = re.compile(r"^Fatal Python error: (.+)$")
@@ -299,42 +294,58 @@ def crash_excerpt(text: str, frames: int) -> list[str]:
     A rank of ``unidist launch`` enables faulthandler, which answers a segmentation fault (an
     abort, a bus error) with ``Fatal Python error: ...`` and every thread's stack, the crashing
     thread's marked ``Current thread``; the tail of the log would show the outermost frames
-    and the list of extension modules. This keeps the crashing thread's frames (innermost
-    ``frames`` of them, machinery left out, in traceback order) and, when it is not the main
-    thread (a native thread of torch or gloo that runs Python rarely or never), the main
-    thread's too: what the script was doing. Empty when the log holds no such dump.
+    and the list of extension modules. This keeps the crashing thread's frames (as
+    :func:`stack_excerpt` keeps a stopped rank's) and, when it is not the main thread (a
+    native thread of torch or gloo that runs Python rarely or never), the main thread's too:
+    what the script was doing. Empty when the log holds no such dump.
     """
     lines = text.splitlines()
     start = next((i for i in range(len(lines) - 1, -1, -1) if _FATAL.match(lines[i])), None)
     if start is None:
         return []
-    blocks: list[tuple[str, list[str]]] = []
-    for line in lines[start + 1 :]:
-        if _THREAD.match(line):
-            blocks.append((line, []))
-        elif blocks and line.startswith('  File "'):
-            blocks[-1][1].append(line)
-        elif blocks and line and not line.startswith(" "):
-            break  # "Extension modules: ...", or the end of the dump
+    blocks = _thread_blocks(lines[start + 1 :])
+    crashing = next((b for b in blocks if b.header.startswith("Current thread")), None)
+    main = _main_block(blocks)
     out = [lines[start]]  # "Fatal Python error: Segmentation fault"
-    crashing = next((b for b in blocks if b[0].startswith("Current thread")), None)
-    main = next((b for b in blocks if any(_is_main(f) for f in b[1])), None)
-    for title, block in (
-        ("crashing thread", crashing),
-        ("main thread", main if main is not crashing else None),
-    ):
+    shown_main = main if main is not crashing else None  # once, as the crashing thread
+    for title, block in (("crashing thread", crashing), ("main thread", shown_main)):
         if block is None:
             continue
-        kept = [f for f in block[1] if not any(part in f for part in _MACHINERY)][:frames]
-        shown_frames = list(reversed(kept)) or ["  (no Python frame: in native code)"]
+        shown_frames = _users_frames(block, frames) or ["  (no Python frame: in native code)"]
         out += [f"{title} (most recent call last):", *shown_frames]
     return out
 
 
-def _is_main(frame: str) -> bool:
-    """A frame only the main thread of a rank has (runpy and unidist's bootstrap for a
-    script, multiprocessing's for a function of :func:`unidist.spawn`)."""
-    return any(part in frame for part in ("runpy", "/unidist/launch/", "/multiprocessing/"))
+@dataclass
+class _Block:
+    """One thread of a faulthandler dump: its header line and its frames, innermost first."""
+
+    header: str
+    frames: list[str]
+
+
+def _thread_blocks(lines: list[str]) -> list[_Block]:
+    """The threads of the faulthandler dumps in ``lines``, in the order they were written."""
+    blocks: list[_Block] = []
+    for line in lines:
+        if _THREAD.match(line):
+            blocks.append(_Block(line, []))
+        elif blocks and line.startswith('  File "'):
+            blocks[-1].frames.append(line)
+    return blocks
+
+
+def _main_block(blocks: list[_Block]) -> _Block | None:
+    """The main thread's (the last with runpy's or unidist's bootstrap frames: faulthandler
+    writes the main thread last), or None."""
+    mains = [b for b in blocks if any("/unidist/launch/" in f or "runpy" in f for f in b.frames)]
+    return mains[-1] if mains else None
+
+
+def _users_frames(block: _Block, frames: int) -> list[str]:
+    """The innermost ``frames`` of ``block`` that are not the machinery, in traceback order."""
+    kept = [f for f in block.frames if not any(part in f for part in _MACHINERY)][:frames]
+    return list(reversed(kept))
 
 
 def exit_code_of(code: int) -> int:
