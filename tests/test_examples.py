@@ -51,12 +51,12 @@ TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "
 def _run(*args: str, torchs_exit_abort: bool = False) -> subprocess.CompletedProcess[str]:
     """``python ARGS`` from the repository root with this checkout's unidist; it must succeed.
 
-    ``torchs_exit_abort``: for a run under plain torchrun, a rank that died of SIGABRT at exit
-    after its work, torch's own bug on the releases of GLOO_EXIT_ABORT ("terminate called
-    without an active exception", pytorch#190489), counts as done: the records it wrote before
-    are what the test compares. Seen with the plain-torch script, which has no unidist in it,
-    and with unidist's script under torchrun, where unidist does not own the process's exit;
-    under ``unidist launch`` (exit handled by the rank's bootstrap) the run must exit 0.
+    ``torchs_exit_abort``: for the plain-torch yardstick (no unidist in it) under torchrun, a
+    rank that died of SIGABRT at exit after its work, torch's own bug on the releases of
+    GLOO_EXIT_ABORT ("terminate called without an active exception", pytorch#190489), counts
+    as done: the records it wrote before are what the test compares. unidist's scripts must
+    exit 0 under torchrun too (unidist drains gloo's workers at exit, see
+    ``unidist._comm.communicator.drain_gloo_at_exit``) and under ``unidist launch``.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
@@ -89,9 +89,10 @@ def _torchs_exit_abort(stderr: str) -> bool:
 def _launch(
     name: str, record: Path, launcher: tuple[str, ...] = UNIDIST_LAUNCH, script: Path | None = None
 ) -> list[dict[str, Any]]:
+    """``script`` (default: the example itself) is the plain-torch yardstick, if given."""
     extra = [arg.format(record=record) for arg in EXTRA_ARGS.get(name, [])]
     command = (*launcher, str(script or f"examples/{name}.py"), *extra, "--record", str(record))
-    _run(*command, torchs_exit_abort=launcher == TORCHRUN)
+    _run(*command, torchs_exit_abort=script is not None and launcher == TORCHRUN)
     return [json.loads((record / f"rank{rank}.json").read_text()) for rank in range(2)]
 
 

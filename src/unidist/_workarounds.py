@@ -14,7 +14,10 @@ gloo teardown deadlock    < 2.8                 ``_comm.communicator`` (finalize
                                                 exit)
 gloo aborts at exit       >= 2.8 (seen on       ``launch.rank.runtime`` (the groups a script
 (pytorch#190489)          2.14, not on 2.7)     left open are destroyed at exit, before the
-                                                interpreter finalizes)
+                                                interpreter finalizes), ``_comm.communicator``
+                                                (any torch-backed session: at exit the GIL is
+                                                released so that the workers drop their last
+                                                tensors first)
 gloo AVG sums             < 2.9                 ``parallel._gloo`` (an FSDP2 all-reduce hook
 (pytorch#162338)                                divides the reduce-scatter result)
 gloo has no AVG           < 2.8                 ``parallel._apply`` (FSDP2 HSDP over gloo is

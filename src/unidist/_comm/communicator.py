@@ -24,6 +24,7 @@ run on it (:meth:`Communicator.require_torch`).
 
 from __future__ import annotations
 
+import atexit
 import gc
 import time
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from unidist._comm import transport
 from unidist._comm.control import ControlPlane, ExpectedValues
 from unidist._comm.wire import MAX_OUTCOME_BYTES, Json, decode_json, encode_json
-from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+from unidist._workarounds import GLOO_EXIT_ABORT, GLOO_TEARDOWN_DEADLOCK
 from unidist.errors import ConfigurationError, translate_errors
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ __all__ = [
 
 #: ``combine({rank: value, ...}) -> outcome`` of an agreement.
 Combine = Callable[[dict[int, Json]], Json]
-#: How long a teardown lets gloo's worker threads drop their last tensors (torch < 2.8).
+#: How long a teardown (torch < 2.8) or the exit (torch >= 2.8) releases the GIL so that gloo's
+#: worker threads drop their last tensors.
 GLOO_DRAIN_SECONDS = 0.1
 
 
@@ -401,7 +403,34 @@ def choose(session: Session, plane: ControlPlane | None = None) -> Communicator:
     """The communicator of ``session`` (in ``initialize``: once the group exists, and again
     with the control store once it is started)."""
     if session.torch_backed:
+        drain_gloo_at_exit()
         return TorchCommunicator(session, plane)
     if session.topology.world_size > 1:
         return CollectiveCommunicator(session)
     return SerialCommunicator()
+
+
+_drain_registered = False
+
+
+def drain_gloo_at_exit() -> None:
+    """Let gloo's workers drop their last tensors before the interpreter finalizes (torch >= 2.8).
+
+    :data:`~unidist._workarounds.GLOO_EXIT_ABORT`: a gloo worker that finished a collective
+    frees the Python objects of its tensors, which needs the GIL. The main thread, running
+    Python, hands the GIL over only after the switch interval (5 ms), so a script that ends
+    within a few milliseconds of its last collective (``unidist.finalize()``, a final barrier,
+    a plain ``destroy_process_group()``) starts finalizing while the worker still waits; Python
+    then ends that thread, and the unwinding through the work's destructor aborts the rank
+    (SIGABRT after its work is done: the launcher reports the job failed). This registers, once,
+    with the first torch-backed session, an exit handler that releases the GIL for
+    :data:`GLOO_DRAIN_SECONDS`. Registered at ``initialize``, it runs after the exit handlers
+    the script registers later (which may still use the group). Measured with two-rank jobs
+    under plain torchrun on torch 2.14.1: 9 of 20 aborted without it, 0 of 30 with it while
+    two busy processes shared the two cores. Not registered on torch < 2.8, which has no abort.
+    """
+    global _drain_registered
+    if _drain_registered or not GLOO_EXIT_ABORT.present():
+        return
+    _drain_registered = True
+    atexit.register(time.sleep, GLOO_DRAIN_SECONDS)
