@@ -426,8 +426,9 @@ def drain_gloo_at_exit() -> None:
     with the first torch-backed session, an exit handler that releases the GIL for
     :data:`GLOO_DRAIN_SECONDS`. Registered at ``initialize``, it runs after the exit handlers
     the script registers later (which may still use the group). Measured with two-rank jobs
-    under plain torchrun on torch 2.14.1: 9 of 20 aborted without it, 0 of 30 with it while
-    two busy processes shared the two cores. Not registered on torch < 2.8, which has no abort.
+    under plain torchrun on torch 2.14.1 beside two busy processes: a script ending right after
+    200 all-reduces aborted 18 of 20 without it, 0 of 30 with it; the DDP tutorial example 2 of
+    20 and 0 of 40. Not registered on torch < 2.8, which has no abort.
     """
     global _drain_registered
     if _drain_registered or not GLOO_EXIT_ABORT.present():
