@@ -1,4 +1,4 @@
-"""The repository's own tooling: the pre-commit hooks run what the test command runs first."""
+"""The repository's own tooling: the pre-commit hooks run the checks the test command runs."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ def _hook_entries() -> list[str]:
     return [m.strip() for m in re.findall(r"^\s+entry: (.+)$", text, flags=re.MULTILINE)]
 
 
-def test_pre_commit_runs_the_checks_the_test_command_runs_first() -> None:
+def test_pre_commit_runs_the_checks_the_test_command_runs() -> None:
     script = (ROOT / "scripts" / "test").read_text()
-    start = script.index("run_pinned() {")
-    first = script[start : script.index("pytest", start)]
+    start = script.index("checks_pinned() {")
+    first = script[start : script.index("\n}\n", start)]
     checks = [
         line.strip().removesuffix("|| return 1").strip()
         for line in first.splitlines()

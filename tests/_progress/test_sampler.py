@@ -38,44 +38,53 @@ def _blocks(top: Entry) -> bool:
 
 
 def _classify_while(target, blocks=_blocks) -> tuple[State, str, str]:  # type: ignore[no-untyped-def]
-    """Run ``target`` in a thread; classify its stack once it stands in the call that blocks."""
-    started = threading.Event()
-    thread = threading.Thread(target=target, args=(started,), daemon=True)
+    """Run ``target`` in a thread; classify its stack once it stands in the call that blocks.
+
+    ``target(started, held)`` blocks in ``held.acquire`` (a C call, so its own line is the
+    innermost Python frame) until this function releases the lock: no sleep to outlast.
+    """
+    started, held = threading.Event(), threading.Lock()
+    held.acquire()
+    thread = threading.Thread(target=target, args=(started, held), daemon=True)
     thread.start()
-    assert started.wait(30)
-    deadline = time.monotonic() + 30
-    while True:
-        stack = _stack_of(thread)
-        if stack and blocks(stack[0]):
-            break
-        assert time.monotonic() < deadline, "the thread never reached its blocking call"
-        time.sleep(0.01)
+    try:
+        assert started.wait(30)
+        deadline = time.monotonic() + 30
+        while True:
+            stack = _stack_of(thread)
+            if stack and blocks(stack[0]):
+                break
+            assert time.monotonic() < deadline, "the thread never reached its blocking call"
+            time.sleep(0.01)
+    finally:
+        held.release()
+        thread.join(30)
     state, op, user, _, _ = classify_stack(stack, _Places())
     return state, op, user
 
 
-def _sleeps(started: threading.Event) -> None:
+def _waits(started: threading.Event, held: threading.Lock) -> None:
     started.set()
-    time.sleep(5)  # blocks
+    held.acquire(timeout=60)  # blocks
 
 
-def _loads(started: threading.Event) -> None:
+def _loads(started: threading.Event, held: threading.Lock) -> None:
     class Slow(torch.utils.data.Dataset[int]):
         def __len__(self) -> int:
             return 10
 
         def __getitem__(self, i: int) -> int:
             started.set()
-            time.sleep(5)  # blocks
+            held.acquire(timeout=60)  # blocks
             return i
 
     next(iter(DataLoader(Slow())))
 
 
 def test_user_code_and_the_dataloader_are_told_apart() -> None:
-    state, op, user = _classify_while(_sleeps)
+    state, op, user = _classify_while(_waits)
     assert (state, op) == (State.USER, "")
-    assert user.endswith(f"test_sampler.py:{_sleeps.__code__.co_firstlineno + 2} _sleeps")
+    assert user.endswith(f"test_sampler.py:{_waits.__code__.co_firstlineno + 2} _waits")
     state, _, user = _classify_while(_loads)
     assert state is State.DATA
     assert "__getitem__" in user
@@ -84,14 +93,14 @@ def test_user_code_and_the_dataloader_are_told_apart() -> None:
 def test_a_collective_is_named_by_the_public_function_called(tmp_path: Path) -> None:
     # A stack that passes through unidist's collectives module, as a waiting rank's does.
     code = compile(
-        "def all_reduce(started):\n    started.set()\n    import time\n    time.sleep(5)\n",
+        "def all_reduce(started, held):\n    started.set()\n    held.acquire(timeout=60)\n",
         str(Path(unidist.__file__).parent / "collectives.py"),
         "exec",
     )
     scope: dict[str, object] = {}
     exec(code, scope)
     state, op, _ = _classify_while(
-        scope["all_reduce"], lambda top: (top[2], top[1]) == ("all_reduce", 4)
+        scope["all_reduce"], lambda top: (top[2], top[1]) == ("all_reduce", 3)
     )
     assert (state, op) == (State.COLLECTIVE, "all_reduce")
 
