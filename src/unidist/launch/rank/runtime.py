@@ -260,6 +260,8 @@ def _end_open_groups() -> None:
     after it (the script's own, which may still use the group, and unidist's async checkpoint
     saves) before this one runs; the groups go before the interpreter finalizes. A destroy that
     does not return within :data:`EXIT_DESTROY_TIMEOUT` dumps every thread's stack and exits 1.
+    Before torch 2.8 a destroy at exit could deadlock (GLOO_TEARDOWN_DEADLOCK): there the exit
+    drain registered by :func:`_keep_destroyed_groups` lets the workers finish instead.
     """
     when_imported("torch.distributed", _destroy_at_exit)
 
@@ -267,9 +269,9 @@ def _end_open_groups() -> None:
 def _destroy_at_exit(dist: Any) -> None:
     import atexit
 
-    from unidist._workarounds import GLOO_EXIT_ABORT
+    from unidist._workarounds import GLOO_EXIT_ABORT, GLOO_TEARDOWN_DEADLOCK
 
-    if GLOO_EXIT_ABORT.present():
+    if GLOO_EXIT_ABORT.present() and not GLOO_TEARDOWN_DEADLOCK.present():
         atexit.register(_destroy_open_groups, dist)
 
 
