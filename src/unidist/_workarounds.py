@@ -96,31 +96,23 @@ class TorchBug:
         summary: what goes wrong, in one sentence.
         fixed_in: the first torch release (major, minor) without the bug; None while no
             release has fixed it.
-        since: the first torch release (major, minor) the workaround is applied to; None for
-            every release before ``fixed_in``.
     """
 
     name: str
     upstream: str
     summary: str
     fixed_in: tuple[int, int] | None
-    since: tuple[int, int] | None = None
 
     def present(self, version: str | None = None) -> bool:
         """Whether torch ``version`` (default: the installed one) has the bug."""
-        release = torch_version(version)
-        if self.since is not None and release < self.since:
-            return False
-        return self.fixed_in is None or release < self.fixed_in
+        return self.fixed_in is None or torch_version(version) < self.fixed_in
 
     @property
     def affected(self) -> str:
-        """The affected releases, in words (``"torch < 2.8"``, ``"torch >= 2.8"``)."""
-        low = f"torch >= {self.since[0]}.{self.since[1]}" if self.since else ""
+        """The affected releases, in words (``"torch < 2.8"``, ``"every torch release so far"``)."""
         if self.fixed_in is None:
-            return f"{low}, every release so far" if low else "every torch release so far"
-        high = f"torch < {self.fixed_in[0]}.{self.fixed_in[1]}"
-        return f"{low}, {high}" if low else high
+            return "every torch release so far"
+        return f"torch < {self.fixed_in[0]}.{self.fixed_in[1]}"
 
 
 GLOO_TEARDOWN_DEADLOCK = TorchBug(
