@@ -222,7 +222,9 @@ def step_hang(simulate: bool) -> tuple[str, str]:
     script = Path(os.environ.get("TMPDIR", "/tmp"), f"unidist-gpu-hang-{os.getpid()}.py")
     script.write_text(HANG_JOB)
     try:
-        command = [sys.executable, "-m", "unidist", "launch", "-n", "2", "--hang-timeout", "10"]
+        # Simulated: 5 s, as tests/launch/test_hang.py (the test command runs this every time).
+        timeout = "5" if simulate else "10"
+        command = [sys.executable, "-m", "unidist", "launch", "-n", "2", "--hang-timeout", timeout]
         started = time.monotonic()
         code, out = run([*command, str(script), backend, where], 300)
         took = time.monotonic() - started

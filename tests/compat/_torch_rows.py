@@ -15,7 +15,7 @@ _ROWS = "tests/compat/test_torch_rows.py::"
 _CONTRACT = "tests/launch/test_torchrun_contract.py::"
 _OPTIONS = "tests/launch/test_options.py::"
 _TUTORIAL = "tests/test_examples.py::test_the_ddp_tutorial_gives_plain_torchs_results_bit_for_bit"
-_TOPOLOGY = _ROWS + "test_the_topology_getters_answer_what_torchruns_variables_say"
+_TOPOLOGY = _ROWS + "test_standalone_gives_torchruns_ranks"
 _EVERY_OPTION = _OPTIONS + "test_every_torchrun_option_is_accepted_or_refused_with_the_equivalent"
 
 TORCH_ROWS: dict[str, list[str]] = {

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
 import unidist
-from tests.launch.helpers import LOGS_SPECS, free_port, launch
+from tests.launch.helpers import LOGS_SPECS, free_port, launch, run_in_process
 from tests.launch.test_torchrun_contract import PER_RUN, TORCHRUN_VARIABLES
 from unidist._workarounds import GLOO_AVG_SUMS, GLOO_TEARDOWN_DEADLOCK
 from unidist.testing import run_distributed
@@ -184,7 +184,9 @@ def _assert_same_ranks(
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_nproc_per_node_starts_torchruns_ranks(tmp_path: Path, nproc: int) -> None:
+def test_nproc_per_node_starts_torchruns_ranks(
+    tmp_path: Path, nproc: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``torchrun --nproc-per-node N`` and ``unidist launch -n N`` (or torchrun's spellings)."""
     # torchrun's default static rendezvous listens on 29500; its variable moves it to a free port.
     theirs = _ran(
@@ -194,22 +196,34 @@ def test_nproc_per_node_starts_torchruns_ranks(tmp_path: Path, nproc: int) -> No
         ["--nproc-per-node", str(nproc)],
         env={"PET_MASTER_PORT": str(free_port())},
     )
-    for options in (["-n"], ["--nproc-per-node"], ["--nproc_per_node"]):
-        mine = _ran(tmp_path, f"unidist{options[0]}", _unidist, [*options, str(nproc)])
-        # On one node unidist always rendezvouses as torchrun's --standalone does (the next row
-        # of the page): MASTER_ADDR is that form's "localhost", not the static form's 127.0.0.1.
-        _assert_same_ranks(theirs, mine, nproc, (*PER_RUN, "MASTER_ADDR"))
-        assert {r["env"]["MASTER_ADDR"] for r in mine.values()} == {"localhost"}
+    mine = _ran(tmp_path, "unidist", _unidist, ["-n", str(nproc)])
+    # On one node unidist always rendezvouses as torchrun's --standalone does (the next row
+    # of the page): MASTER_ADDR is that form's "localhost", not the static form's 127.0.0.1.
+    _assert_same_ranks(theirs, mine, nproc, (*PER_RUN, "MASTER_ADDR"))
+    assert {r["env"]["MASTER_ADDR"] for r in mine.values()} == {"localhost"}
+    # torchrun's two spellings plan the very job -n plans (one launch each cost seconds of CPU).
+    plans = {
+        option: run_in_process(capsys, "--dry-run", option, str(nproc), str(_script(tmp_path)))
+        for option in ("-n", "--nproc-per-node", "--nproc_per_node")
+    }
+    assert plans["-n"][0] == 0, plans["-n"]
+    assert f"processes      {nproc} on this node" in plans["-n"][1], plans["-n"][1]
+    assert plans["--nproc-per-node"] == plans["--nproc_per_node"] == plans["-n"]
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_standalone_gives_torchruns_ranks(tmp_path: Path, nproc: int) -> None:
-    """``torchrun --standalone`` and ``unidist launch --standalone``, or no option at all."""
+    """``torchrun --standalone`` and ``unidist launch --standalone``, or no option at all; and the
+    topology getters: ``int(os.environ["LOCAL_RANK"])`` and the other variables against
+    unidist's getters, ``unidist.device()`` against ``torch.cuda.set_device(local_rank)``, under
+    both launchers; without a launcher torch's reading raises KeyError and unidist answers a
+    world of one."""
     theirs = _ran(tmp_path, "torchrun", _torchrun, ["--standalone", "--nproc-per-node", str(nproc)])
     standalone = _ran(tmp_path, "standalone", _unidist, ["--standalone", "-n", str(nproc)])
     _assert_same_ranks(theirs, standalone, nproc)
     plain = _ran(tmp_path, "plain", _unidist, ["-n", str(nproc)])
     _assert_same_ranks(theirs, plain, nproc)
+    _assert_the_getters_answer(plain, nproc, tmp_path)
 
 
 def _c10d(nproc: int, conf: str = "join_timeout=60") -> list[str]:
@@ -261,16 +275,9 @@ def test_the_static_rendezvous_options_give_torchruns_ranks(tmp_path: Path, npro
         assert mine[rank]["env"]["MASTER_ADDR"] == theirs[rank]["env"]["MASTER_ADDR"]
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_the_topology_getters_answer_what_torchruns_variables_say(
-    tmp_path: Path, nproc: int
-) -> None:
-    """``int(os.environ["LOCAL_RANK"])`` and the other variables against unidist's getters and
-    ``unidist.device()`` against ``torch.cuda.set_device(local_rank)``, under both launchers;
-    without a launcher torch's reading raises KeyError and unidist answers a world of one."""
-    theirs = _ran(tmp_path, "torchrun", _torchrun, ["--standalone", "--nproc-per-node", str(nproc)])
-    mine = _ran(tmp_path, "unidist", _unidist, ["-n", str(nproc)])
-    _assert_same_ranks(theirs, mine, nproc)
+def _assert_the_getters_answer(mine: Ranks, nproc: int, tmp_path: Path) -> None:
+    """unidist's getters give each rank's topology under ``unidist launch -n nproc``, and a world
+    of one in a plain process, where torch's reading of the variables raises KeyError."""
     for rank in range(nproc):
         expected = {
             "local_rank": rank,
@@ -282,10 +289,10 @@ def test_the_topology_getters_answer_what_torchruns_variables_say(
         }
         got = {k: v for k, v in mine[rank]["unidist"].items() if "device" not in k}
         assert got == expected
-    plain = tmp_path / "plain"
-    plain.mkdir()
-    subprocess.run([sys.executable, str(_script(tmp_path)), str(plain)], check=True, timeout=120)
-    alone = json.loads((plain / "plain.json").read_text())
+    folder = tmp_path / "no-launcher"
+    folder.mkdir()
+    subprocess.run([sys.executable, str(_script(tmp_path)), str(folder)], check=True, timeout=120)
+    alone = json.loads((folder / "plain.json").read_text())
     assert {k: v for k, v in alone["torch"].items() if "device" not in k} == dict.fromkeys(
         ("local_rank", "rank", "world_size", "local_world_size", "node_rank", "num_nodes"),
         "KeyError",

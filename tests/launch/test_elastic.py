@@ -22,7 +22,7 @@ pytestmark = pytest.mark.multiprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "elastic.py")
-SAMPLES, GLOBAL_BATCH, EPOCHS = 480, 8, 3
+SAMPLES, GLOBAL_BATCH, EPOCHS = 480, 8, 2
 STEPS = SAMPLES // GLOBAL_BATCH * EPOCHS
 
 

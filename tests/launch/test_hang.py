@@ -139,9 +139,9 @@ def test_a_straggler_finishes_and_is_reported_as_one_never_as_a_hang(tmp_path: P
 
 
 def test_a_long_legitimate_silence_is_not_a_hang(tmp_path: Path) -> None:
-    # Every rank is busy for 20 s without a collective or a step (a checkpoint save); under a
-    # 60 s timeout that is no hang.
-    done, _ = run(tmp_path, "silence", "--hang-timeout", "60")
+    # Every rank is busy for 8 s without a collective or a step (a checkpoint save): longer than
+    # the 5 s that calls a hang in the tests above, and under a 24 s timeout no hang.
+    done, _ = run(tmp_path, "silence", "--hang-timeout", "24")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "no rank made progress" not in done.stderr
 

@@ -10,7 +10,7 @@ start, for a straggler). Modes:
 * ``sigstop``: rank 1 stops itself with SIGSTOP;
 * ``ddp``: DDP training, rank 1 sleeps in its forward (``forward``) at step 5;
 * ``straggler``: rank 1 is five times slower than rank 0 in every step, and both finish;
-* ``silence``: every rank sleeps 20 s at step 5 (a long checkpoint save), then finishes.
+* ``silence``: every rank sleeps 8 s at step 5 (a long checkpoint save), then finishes.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def main(mode: str) -> int:
             if mode == "sigstop":
                 freeze_self()
         if mode == "silence" and step == 5:
-            time.sleep(20)  # every rank: a long save, no collective, no step
+            time.sleep(8)  # every rank: a long save, no collective, no step
         if mode == "straggler":
             time.sleep(0.25 if rank == 1 else 0.05)
         tensor = torch.ones(4)
