@@ -17,6 +17,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,18 @@ def test_the_open_groups_are_destroyed_at_exit_only_where_that_cannot_deadlock(
     from unidist.launch.rank import runtime
 
     registered: list[tuple[object, ...]] = []
-    monkeypatch.setattr(atexit, "register", lambda *call: registered.append(call))
+    real = atexit.register
+
+    def register(*call: Any) -> Any:
+        # Only this handler is recorded; others go through. weakref.finalize registers its own
+        # once per process, lazily: swallowed, it failed this test when it ran first in its
+        # process, and the process's finalizers then ran at interpreter shutdown.
+        if call[0] is runtime._destroy_open_groups:
+            registered.append(call)
+            return call[0]
+        return real(*call)
+
+    monkeypatch.setattr(atexit, "register", register)
     dist = types.SimpleNamespace()
     runtime._destroy_at_exit(dist)
     if GLOO_TEARDOWN_DEADLOCK.present():

@@ -55,7 +55,7 @@ __all__ = [
 
 #: ``combine({rank: value, ...}) -> outcome`` of an agreement.
 Combine = Callable[[dict[int, Json]], Json]
-#: How long a teardown (torch < 2.8) or the exit (torch >= 2.8) releases the GIL so that gloo's
+#: How long a teardown (torch < 2.8) or the exit (every torch) releases the GIL so that gloo's
 #: worker threads drop their last tensors.
 GLOO_DRAIN_SECONDS = 0.1
 

@@ -36,7 +36,6 @@ import os
 import signal
 import socket
 import sys
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -220,8 +219,7 @@ def _defer_group_destruction() -> None:
 
 
 def _keep_destroyed_groups(dist: Any) -> None:
-    import atexit
-
+    from unidist._comm.communicator import drain_gloo_at_exit
     from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
 
     if not GLOO_TEARDOWN_DEADLOCK.present():
@@ -240,7 +238,10 @@ def _keep_destroyed_groups(dist: Any) -> None:
         original(group)
 
     dist.destroy_process_group = destroy_process_group
-    atexit.register(time.sleep, 0.1)
+    # The same exit drain that GLOO_EXIT_ABORT needs (registered once per process: a script that
+    # also calls unidist.initialize() does not add a second); registered here, at the import of
+    # torch.distributed, it runs after the exit handlers the script registers later.
+    drain_gloo_at_exit()
 
 
 #: How long the process groups a script left open may take to end at exit before the rank's
