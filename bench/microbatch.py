@@ -1,7 +1,7 @@
 """Benchmark: MicroBatcher against hand-written gradient accumulation, 1 and 2 gloo processes.
 
     PYTHONPATH=src python bench/microbatch.py            # about a minute on 2 CPU cores
-    PYTHONPATH=src python bench/microbatch.py --quick    # a smoke run
+    PYTHONPATH=src python bench/microbatch.py --quick    # a smoke run (batch 64, 6 rounds)
 
 Three tables:
 
@@ -191,18 +191,21 @@ def single_process(batch_size: int, size: int, rounds: int, budgets: list[int]) 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=256, help="per-rank batch size")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="per-rank batch size (256; 64 with --quick)"
+    )
     parser.add_argument("--size", type=int, default=32, help="microbatch size for the timing")
     parser.add_argument("--rounds", type=int, default=48, help="timed steps per contender")
     parser.add_argument("--quick", action="store_true", help="a few steps only")
     args = parser.parse_args()
     rounds = 6 if args.quick else args.rounds
-    budgets = [1, 7, 32, 100, args.batch - 1]
-    results = {1: single_process(args.batch, args.size, rounds, budgets)}
-    results[2] = run_distributed(
-        job, args.batch, args.size, rounds, budgets, world_size=2, timeout=900
-    )[0]
-    return report(results, args.batch, args.size)
+    batch = args.batch or (64 if args.quick else 256)  # quick: each code path, fewer steps
+    budgets = [1, 7, 32, 100, batch - 1] if batch > 100 else [1, 7, batch // 2, batch - 1]
+    results = {1: single_process(batch, args.size, rounds, budgets)}
+    results[2] = run_distributed(job, batch, args.size, rounds, budgets, world_size=2, timeout=900)[
+        0
+    ]
+    return report(results, batch, args.size)
 
 
 def report(results: dict[int, dict[str, Any]], batch: int, size: int) -> int:

@@ -49,7 +49,7 @@ TORCH_ROWS: dict[str, list[str]] = {
     "`--logs-specs NAME`": [_ROWS + "test_logs_specs_takes_the_entry_point_torchrun_takes"],
     "`--signals-to-handle`, `--event-log-handler`, `--virtual-local-rank`, "
     "`--numa-binding` (newer torchrun)": [
-        _ROWS + "test_a_newer_torchrun_option_works_where_the_installed_torchrun_has_it",
+        _ROWS + "test_the_newer_torchrun_options_work_where_the_installed_torchrun_has_them",
         _ROWS + "test_numa_binding_does_what_the_installed_torchrun_does",
         _EVERY_OPTION,
         "tests/launch/test_edges.py::test_a_newer_pet_variable_is_read_where_this_torch_reads_it",

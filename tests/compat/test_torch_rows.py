@@ -444,38 +444,57 @@ NEWER = {
 }
 
 
-@pytest.mark.parametrize("option", list(NEWER))
-def test_a_newer_torchrun_option_works_where_the_installed_torchrun_has_it(
-    tmp_path: Path, option: str
+def _given(option: str) -> list[str]:
+    value = NEWER[option][0]
+    return [option] if value is None else [option, value]
+
+
+def test_the_newer_torchrun_options_work_where_the_installed_torchrun_has_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Each newer option, and its ``PET_`` variable, does what the installed torchrun does with
-    it: applied where torchrun has it; else the option refused and the variable ignored."""
-    value, variable_value = NEWER[option]
-    given = [option] if value is None else [option, value]
+    it: applied where torchrun has it; else the option refused and the variable ignored. The
+    options this torchrun has are given together (one launch each way), as are the variables."""
     base = ["--standalone", "--nproc-per-node", "2"]
-    variable = {f"PET_{option[2:].replace('-', '_').upper()}": variable_value}
-    theirs_done, theirs = _run(tmp_path, "torchrun", _torchrun, [*base, *given])
-    mine_done, mine = _run(tmp_path, "unidist", _unidist, [*base, *given])
-    if _torchrun_has(option):
-        assert theirs_done.returncode == mine_done.returncode == 0, mine_done.stderr[-3000:]
+    has = {option: _torchrun_has(option) for option in NEWER}
+    applied = [arg for option in NEWER if has[option] for arg in _given(option)]
+    if applied:
+        theirs_done, theirs = _run(tmp_path, "torchrun", _torchrun, [*base, *applied])
+        mine_done, mine = _run(tmp_path, "unidist", _unidist, [*base, *applied])
+        assert theirs_done.returncode == 0, theirs_done.stderr[-3000:]
+        assert mine_done.returncode == 0, mine_done.stderr[-3000:]
         _assert_same_ranks(theirs, mine, 2)
-    else:
-        assert theirs_done.returncode == mine_done.returncode == 2
+    script = str(_script(tmp_path))
+    for option in (option for option in NEWER if not has[option]):
+        out = tmp_path / f"refused{option}"
+        out.mkdir()
+        theirs_done = _torchrun(*base, *_given(option), script, str(out))
+        assert theirs_done.returncode == 2, theirs_done.stderr[-3000:]
         assert f"unrecognized arguments: {option}" in theirs_done.stderr
-        assert "needs a newer torch" in mine_done.stderr
-        assert theirs == mine == {}
-    # The variable: applied as the option where torchrun has it, else ignored by both.
-    theirs = _ran(tmp_path, "torchrun-variable", _torchrun, base, env=variable)
-    mine = _ran(tmp_path, "unidist-variable", _unidist, base, env=variable)
+        code, _, err = run_in_process(capsys, *base, *_given(option), script, str(out))
+        assert code == 2, err
+        assert "needs a newer torch" in err
+        assert list(out.iterdir()) == []  # no rank of either ran
+    # The variables: applied as the options where torchrun has them, else ignored by both.
+    variables = {
+        f"PET_{option[2:].replace('-', '_').upper()}": NEWER[option][1] for option in NEWER
+    }
+    theirs = _ran(tmp_path, "torchrun-variables", _torchrun, base, env=variables)
+    mine = _ran(tmp_path, "unidist-variables", _unidist, base, env=variables)
     _assert_same_ranks(theirs, mine, 2)
     # unidist's note says so where it shows its plan.
-    planned = launch("--dry-run", *base, str(_script(tmp_path)), "out", env=variable)
-    assert planned.returncode == 0, planned.stderr
-    ignored = f"{next(iter(variable))} is not read by this torch's torchrun"
-    assert (ignored in planned.stdout) is not _torchrun_has(option)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    code, planned, err = run_in_process(capsys, "--dry-run", *base, script, "out")
+    assert code == 0, err
+    for (name, _), option in zip(variables.items(), NEWER, strict=True):
+        ignored = f"{name} is not read by this torch's torchrun"
+        assert (ignored in planned) is not has[option], planned
 
 
-def test_shutdown_timeout_is_taken_on_every_torch(tmp_path: Path) -> None:
+def test_shutdown_timeout_is_taken_on_every_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--shutdown-timeout`` is unidist's ``--grace`` too: the same ranks as torchrun where
     torchrun has it; taken where the installed torchrun refuses it (torch 2.7), as the page
     says; its variable read where that torchrun reads it."""
@@ -489,13 +508,15 @@ def test_shutdown_timeout_is_taken_on_every_torch(tmp_path: Path) -> None:
         assert theirs_done.returncode == 2
         assert "unrecognized arguments: --shutdown-timeout" in theirs_done.stderr
         assert sorted(mine) == [0, 1]
-    planned = launch("--dry-run", *base, "--shutdown-timeout", "5", str(_script(tmp_path)), "o")
-    assert planned.returncode == 0, planned.stderr
-    variable = {"PET_SHUTDOWN_TIMEOUT": "5"}
-    planned = launch("--dry-run", *base, str(_script(tmp_path)), "out", env=variable)
-    assert planned.returncode == 0, planned.stderr
+    script = str(_script(tmp_path))
+    taken = ["--shutdown-timeout", "5"]
+    code, _, err = run_in_process(capsys, "--dry-run", *base, *taken, script, "o")
+    assert code == 0, err
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "5")
+    code, planned, err = run_in_process(capsys, "--dry-run", *base, script, "out")
+    assert code == 0, err
     ignored = "PET_SHUTDOWN_TIMEOUT is not read by this torch's torchrun"
-    assert (ignored in planned.stdout) is not _torchrun_has("--shutdown-timeout")
+    assert (ignored in planned) is not _torchrun_has("--shutdown-timeout")
 
 
 def test_numa_binding_does_what_the_installed_torchrun_does(tmp_path: Path) -> None:
