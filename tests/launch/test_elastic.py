@@ -17,6 +17,7 @@ import pytest
 
 from tests._waiting import wait_for
 from tests.launch.helpers import assert_nothing_left, c10d, free_port, pids_of, start_launch
+from unidist.launch.rank.runtime import STACK_SIGNAL
 
 pytestmark = pytest.mark.multiprocess
 
@@ -142,6 +143,42 @@ def test_a_node_joins_and_one_dies_mid_epoch_and_every_sample_is_read_once(
         assert_nothing_left(folder)
 
 
+def _rank_logs(log_dir: Path) -> list[Path]:
+    """The stderr logs of the last attempt of the run in ``log_dir``."""
+    attempts = sorted(log_dir.glob("*/attempt*"), key=lambda p: int(p.name[len("attempt") :]))
+    return sorted(attempts[-1].glob("rank*.stderr.log")) if attempts else []
+
+
+def _outputs(
+    nodes: list[subprocess.Popen[str]], log_dirs: list[Path], timeout: float = 240
+) -> list[tuple[str, str]]:
+    """Each launcher's (stdout, stderr) once all have exited. Past ``timeout`` (under
+    pytest-timeout's 300 s, so that nothing is lost) every rank writes its threads' stacks to its
+    log (faulthandler, on unidist's stack signal) and the test fails showing them and what each
+    launcher printed."""
+    try:
+        return [node.communicate(timeout=timeout) for node in nodes]
+    except subprocess.TimeoutExpired:
+        pass
+    logs = [log for log_dir in log_dirs for log in _rank_logs(log_dir)]
+    sizes = {log: log.stat().st_size for log in logs}
+    for pid in (pid for log_dir in log_dirs for pid in pids_of(log_dir)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, STACK_SIGNAL)
+    with contextlib.suppress(AssertionError):  # a rank already gone writes nothing: show the rest
+        wait_for(
+            lambda: all("most recent call first" in log.read_text()[sizes[log] :] for log in logs),
+            30,
+            "every rank's stacks",
+        )
+    for node in nodes:
+        node.kill()
+    printed = [node.communicate(timeout=30) for node in nodes]
+    shown = [f"--- {log} (last 6000 chars)\n{log.read_text()[-6000:]}" for log in logs]
+    shown += [f"--- launcher {i} stderr\n{err[-3000:]}" for i, (_, err) in enumerate(printed)]
+    pytest.fail(f"the job did not end within {timeout} s:\n" + "\n".join(shown))
+
+
 def test_a_third_node_joins_two_without_costing_a_restart(tmp_path: Path) -> None:
     # torch's agent SIGTERMs every rank when a node joins. Each node's launcher must leave that
     # to its agent: told as a failure, it stopped the other node's ranks before that node's
@@ -157,7 +194,7 @@ def test_a_third_node_joins_two_without_costing_a_restart(tmp_path: Path) -> Non
     try:
         wait_for(lambda: steps_on(record, 2) >= 10, 120, "two nodes to train 10 steps")
         nodes.append(start_launch(*c10d(port, "2:3", tmp_path / "n2", *elastic), *job))
-        outputs = [node.communicate(timeout=300) for node in nodes]
+        outputs = _outputs(nodes, [tmp_path / f"n{i}" for i in range(3)])
     finally:
         for node in nodes:
             node.kill()
