@@ -199,12 +199,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="a few steps only")
     args = parser.parse_args()
     rounds = 6 if args.quick else args.rounds
-    batch = args.batch or (64 if args.quick else 256)  # quick: each code path, fewer steps
-    budgets = [1, 7, 32, 100, batch - 1] if batch > 100 else [1, 7, batch // 2, batch - 1]
+    batch = args.batch if args.batch is not None else 64 if args.quick else 256
+    budgets = [budget for budget in (1, 7, 32, 100) if budget < batch - 1] + [batch - 1]
     results = {1: single_process(batch, args.size, rounds, budgets)}
-    results[2] = run_distributed(job, batch, args.size, rounds, budgets, world_size=2, timeout=900)[
-        0
-    ]
+    per_rank = run_distributed(job, batch, args.size, rounds, budgets, world_size=2, timeout=900)
+    results[2] = per_rank[0]
     return report(results, batch, args.size)
 
 

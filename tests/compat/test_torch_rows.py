@@ -449,6 +449,11 @@ def _given(option: str) -> list[str]:
     return [option] if value is None else [option, value]
 
 
+def _variable(option: str) -> str:
+    """torchrun's ``PET_`` variable for ``option``."""
+    return f"PET_{option[2:].replace('-', '_').upper()}"
+
+
 def test_the_newer_torchrun_options_work_where_the_installed_torchrun_has_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -476,9 +481,7 @@ def test_the_newer_torchrun_options_work_where_the_installed_torchrun_has_them(
         assert "needs a newer torch" in err
         assert list(out.iterdir()) == []  # no rank of either ran
     # The variables: applied as the options where torchrun has them, else ignored by both.
-    variables = {
-        f"PET_{option[2:].replace('-', '_').upper()}": NEWER[option][1] for option in NEWER
-    }
+    variables = {_variable(option): NEWER[option][1] for option in NEWER}
     theirs = _ran(tmp_path, "torchrun-variables", _torchrun, base, env=variables)
     mine = _ran(tmp_path, "unidist-variables", _unidist, base, env=variables)
     _assert_same_ranks(theirs, mine, 2)
@@ -487,8 +490,8 @@ def test_the_newer_torchrun_options_work_where_the_installed_torchrun_has_them(
         monkeypatch.setenv(name, value)
     code, planned, err = run_in_process(capsys, "--dry-run", *base, script, "out")
     assert code == 0, err
-    for (name, _), option in zip(variables.items(), NEWER, strict=True):
-        ignored = f"{name} is not read by this torch's torchrun"
+    for option in NEWER:
+        ignored = f"{_variable(option)} is not read by this torch's torchrun"
         assert (ignored in planned) is not has[option], planned
 
 

@@ -163,8 +163,10 @@ def _outputs(
     logs = [log for log_dir in log_dirs for log in _rank_logs(log_dir)]
     sizes = {log: log.stat().st_size for log in logs}
     for pid in (pid for log_dir in log_dirs for pid in pids_of(log_dir)):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, STACK_SIGNAL)
+        # An earlier attempt's pid may be another process's by now: the signal kills by default.
+        with contextlib.suppress(OSError):
+            if b"unidist.launch.rank.bootstrap" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, STACK_SIGNAL)
     with contextlib.suppress(AssertionError):  # a rank already gone writes nothing: show the rest
         wait_for(
             lambda: all("most recent call first" in log.read_text()[sizes[log] :] for log in logs),
