@@ -68,8 +68,8 @@ class StatefulDataLoader(DataLoader[Any]):
         return _Counting(inner, *found)
 
     def _get_iterator(self) -> Any:
-        with workers.starting_workers(self):
-            return super()._get_iterator()
+        with workers.starting_workers(self) as started:
+            return started(super()._get_iterator())
 
     def _tracked(self) -> tuple[PassSampler, int] | None:
         """(unidist sampler, samples per full batch), when the loader draws from one."""

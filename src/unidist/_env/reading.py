@@ -103,6 +103,36 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+#: ``UNIDIST_WORKER_START_TIMEOUT``: seconds a forked DataLoader worker of unidist's loaders gets
+#: to run its first line before it is started again (:mod:`unidist._resume.forks`); 0: no watch.
+WORKER_START_TIMEOUT = "UNIDIST_WORKER_START_TIMEOUT"
+DEFAULT_WORKER_START_TIMEOUT = 10.0
+
+
+def worker_start_timeout(environ: Mapping[str, str] | None = None) -> float | None:
+    """Seconds a forked DataLoader worker gets to start (default 10); None when set to 0.
+
+    Raises:
+        ConfigurationError: the value is not a number of seconds (0 or more).
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(WORKER_START_TIMEOUT)
+    if raw is None or not raw.strip():
+        return DEFAULT_WORKER_START_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
+        raise ConfigurationError(
+            f"{WORKER_START_TIMEOUT}={raw!r} is not a number of seconds. HINT: set it to the "
+            "seconds a forked DataLoader worker gets to start (default "
+            f"{DEFAULT_WORKER_START_TIMEOUT:g}), or to 0 to wait for it as long as torch does "
+            "(forever)."
+        )
+    return seconds or None
+
+
 def progress_file(environ: Mapping[str, str] | None = None) -> str | None:
     """Where this rank keeps its progress record (``UNIDIST_PROGRESS``), if its launcher asked."""
     env = os.environ if environ is None else environ

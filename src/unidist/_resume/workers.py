@@ -33,7 +33,12 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+from unidist._env.reading import worker_start_timeout
+from unidist._resume import forks
+
+T = TypeVar("T")
 
 #: Signals a rank may be told to stop by: torch's agent (SIGTERM), a terminal (SIGINT), SLURM's
 #: ``--signal`` (SIGUSR1/SIGUSR2 by convention). ResumableState adds the ones it listens to.
@@ -57,13 +62,18 @@ class WorkerInit:
         signums: tuple[int, ...],
         rank_pid: int,
         die_with_rank: bool,
+        report_to: tuple[int, int] | None = None,
     ) -> None:
         self.inner = inner
         self.signums = signums
         self.rank_pid = rank_pid
         self.die_with_rank = die_with_rank
+        #: The pipe a forked worker says it runs on (:mod:`unidist._resume.forks`).
+        self.report_to = report_to
 
     def __call__(self, worker_id: int) -> None:
+        if self.report_to is not None:
+            forks.report(self.report_to, worker_id)
         leave_to_rank(self.signums, self.rank_pid, die_with_rank=self.die_with_rank)
         if self.inner is not None:
             self.inner(worker_id)
@@ -91,23 +101,52 @@ def _answer(signums: tuple[int, ...], rank_pid: int) -> None:
             os._exit(0)  # the rank ends its own worker: torch's handler does the same
 
 
+def _same(iterator: T) -> T:
+    return iterator
+
+
 @contextlib.contextmanager
-def starting_workers(loader: Any) -> Iterator[None]:
-    """While ``loader`` forks its workers: stop signals blocked here, the init function wrapped.
+def starting_workers(loader: Any) -> Iterator[Callable[[T], T]]:
+    """While ``loader`` makes its iterator: stop signals blocked here, the init function wrapped.
 
     A stop signal that arrives meanwhile waits until the workers exist, then reaches this rank
     as usual; each worker inherits the blocked signals and takes them on its own thread.
+    Yields ``started``: pass it the iterator made, and the workers it forked are watched until
+    each runs (:mod:`unidist._resume.forks`).
+
+    Raises:
+        ConfigurationError: ``UNIDIST_WORKER_START_TIMEOUT`` is not a number of seconds.
     """
     if not supported() or not getattr(loader, "num_workers", 0):
-        yield
+        yield _same
         return
     signums = tuple(sorted(STOP_SIGNALS))
-    original = loader.worker_init_fn
+    original, context = loader.worker_init_fn, loader.multiprocessing_context
+    timeout = worker_start_timeout() if forks.forks(loader) else None
+    fds = forks.report_fds() if timeout else None
+    recorder = forks.Recorder()
     main = threading.current_thread() is threading.main_thread()
-    loader.worker_init_fn = WorkerInit(original, signums, os.getpid(), main)
+    loader.worker_init_fn = WorkerInit(original, signums, os.getpid(), main, fds)
+    if fds is not None:
+        loader.multiprocessing_context = recorder  # the fork context, keeping each worker's making
+
+    watched = False
+
+    def started(iterator: T) -> T:
+        nonlocal watched
+        if fds is not None and timeout:
+            watched = True
+            forks.watch(iterator, fds, recorder, timeout)
+        return iterator
+
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
-        yield
+        yield started
     finally:
         loader.worker_init_fn = original
+        if fds is not None:
+            loader.multiprocessing_context = context
+            if not watched:  # no iterator was made (an error): nobody will read the pipe
+                for fd in fds:
+                    os.close(fd)
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -1,0 +1,356 @@
+"""DataLoader workers that a fork left stuck before their first line: seen, and started again.
+
+A worker started by ``fork`` gets a copy of the rank's memory, locks included, but only the
+thread that forked it. A lock another thread held at that instant stays held in the child, where
+no thread will ever release it. CPython takes one such lock, ``HEAD_LOCK``, in every forked child
+before any of its code runs, and on Python 3.11.9, 3.10.14 and older that lock is taken before
+the child resets it (CPython gh-112275; fixed in 3.12, backported in September 2024). A thread
+takes it without the GIL whenever it enters Python from C for the first time: a gloo thread does,
+each time it frees the last reference to a collective's work (torch's ``ProcessGroupGloo::
+runLoop``, seen with gdb, about 10 times a second in a training rank). A worker forked while one
+did never runs a line; torch's DataLoader (``timeout=0``) waits for its batches forever, and every
+other rank waits on this one. unidist's elastic tests met it once in a 62-minute run on a busy
+machine; a fork beside threads that enter Python in a loop meets it once in a few hundred.
+
+unidist's loaders watch the workers they fork: each worker reports from its init function that it
+runs, and one thread of the rank waits for the reports, with a deadline
+(``UNIDIST_WORKER_START_TIMEOUT``, 10 s by default). A worker that has not reported by then is
+stopped (SIGSTOP). If it still has not reported, it never reached its init function, so it never
+took an index from its queue: it is killed, and a new worker is forked in its place with the
+same arguments and queues, so the loop gets the same batches in the same order. One that
+reported meanwhile was only slow, and goes on (SIGCONT). A replacement is watched the same way,
+with twice the deadline, four times at most; then the worker is killed and torch's DataLoader
+raises its own error for it ("DataLoader worker (pid N) is killed by signal"): never a hang.
+
+Workers started by ``spawn`` or ``forkserver`` are not watched: they do not inherit this
+process's threads or their locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import logging
+import multiprocessing
+import multiprocessing.context
+import operator
+import os
+import select
+import signal
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("unidist.data")
+
+#: Times one worker is started again before the DataLoader is left to fail on it.
+ATTEMPTS = 4
+#: Seconds a worker gets to show that SIGSTOP stopped it (one asleep stops at once).
+_STOP_DEADLINE = 5.0
+_REPORT = 4  # bytes a worker writes to say it runs: its worker id, little-endian
+
+#: What this process did about stuck workers, for tests and reports: (worker id, stuck pid, pid
+#: of the worker started in its place, or None when the DataLoader was left to fail on it).
+replaced: list[tuple[int, int, int | None]] = []
+
+
+def forks(loader: Any) -> bool:
+    """Whether ``loader``'s workers start by the standard library's ``fork`` method."""
+    context = loader.multiprocessing_context
+    if context is None:
+        method = multiprocessing.get_start_method(allow_none=True)
+        return (method or multiprocessing.get_all_start_methods()[0]) == "fork"
+    return type(context) is getattr(multiprocessing.context, "ForkContext", None)
+
+
+class Recorder(multiprocessing.context.BaseContext):
+    """The fork context, keeping what each worker was made from (``Process.start`` drops it)."""
+
+    _name = "fork"
+
+    def __init__(self) -> None:
+        self.made: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:  # multiprocessing's name
+        process = multiprocessing.context.ForkProcess(*args, **kwargs)
+        self.made.append((process, args, kwargs))
+        return process
+
+    def get_context(self, method: str | None = None) -> Any:
+        if method not in (None, "fork"):
+            return super().get_context(method)
+        return self
+
+
+@dataclass
+class _Slot:
+    """One worker not yet seen running."""
+
+    worker_id: int
+    process: Any
+    made: tuple[tuple[Any, ...], dict[str, Any]]
+    timeout: float
+    deadline: float
+    attempts: int = 0
+
+
+@dataclass
+class _Watch:
+    """The workers of one DataLoader iterator, until each has said it runs."""
+
+    iterator: weakref.ref[Any]
+    read_fd: int
+    write_fd: int
+    slots: dict[int, _Slot]
+    seen: set[int] = field(default_factory=set)
+    buffer: bytearray = field(default_factory=bytearray)
+
+    def take_reports(self) -> None:
+        """Read every report waiting in the pipe (never blocks: the pipe is non-blocking)."""
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while chunk := os.read(self.read_fd, 4096):
+                self.buffer += chunk
+        usable = len(self.buffer) - len(self.buffer) % _REPORT
+        for at in range(0, usable, _REPORT):
+            self.seen.add(int.from_bytes(self.buffer[at : at + _REPORT], "little"))
+        del self.buffer[:usable]
+        for worker_id in self.seen & set(self.slots):
+            del self.slots[worker_id]
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def report_fds() -> tuple[int, int]:
+    """A pipe for the reports of one iterator's workers: (read end, write end)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    return read_fd, write_fd
+
+
+def report(fds: tuple[int, int], worker_id: int) -> None:
+    """In a worker: say that it runs (first thing in its init function), then let go the pipe."""
+    with contextlib.suppress(OSError):
+        os.write(fds[1], worker_id.to_bytes(_REPORT, "little"))
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _Watcher:
+    """The one thread of a rank that waits for its forked workers' reports (see the docstring).
+
+    It lives as long as the process: a worker it forks asks for SIGKILL when the thread that
+    forked it ends (``PR_SET_PDEATHSIG``), which must mean when the rank ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watches: list[_Watch] = []
+        self._wake: tuple[int, int] | None = None  # made with the thread
+
+    def watch(
+        self, iterator: Any, fds: tuple[int, int], recorder: Recorder, timeout: float
+    ) -> None:
+        """Watch ``iterator``'s workers, made through ``recorder``, report on ``fds``."""
+        workers = list(getattr(iterator, "_workers", ()))
+        made = {id(process): (args, kwargs) for process, args, kwargs in recorder.made}
+        deadline = time.monotonic() + timeout
+        slots = {
+            worker_id: _Slot(worker_id, process, made[id(process)], timeout, deadline)
+            for worker_id, process in enumerate(workers)
+            if id(process) in made
+        }
+        if not slots:
+            for fd in fds:
+                os.close(fd)
+            return
+        watch = _Watch(weakref.ref(iterator), fds[0], fds[1], slots)
+        with self._lock:
+            self._watches.append(watch)
+            if self._wake is None:
+                self._wake = report_fds()
+                # Started here, by the thread that forks the workers, while the stop signals are
+                # blocked: it keeps them blocked, as the workers it forks must have them.
+                threading.Thread(
+                    target=self._run,
+                    args=(self._wake[0],),
+                    name="unidist-worker-starts",
+                    daemon=True,
+                ).start()
+            wake = self._wake[1]
+        os.write(wake, b"w")
+
+    def _run(self, wake: int) -> None:
+        while True:
+            with self._lock:
+                watches = list(self._watches)
+            deadline = min((s.deadline for w in watches for s in w.slots.values()), default=None)
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            readable, _, _ = select.select([wake] + [w.read_fd for w in watches], [], [], wait)
+            if wake in readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake, 4096)
+            for watch in watches:
+                try:
+                    self._look(watch)
+                except Exception:  # never let one watch end the thread that serves the others
+                    logger.exception("unidist: watching DataLoader workers start failed")
+                    watch.slots.clear()
+                if not watch.slots:
+                    watch.close()
+                    with self._lock:
+                        self._watches.remove(watch)
+
+    def _look(self, watch: _Watch) -> None:
+        watch.take_reports()
+        iterator = watch.iterator()
+        if iterator is None or getattr(iterator, "_shutdown", False):
+            # The loop is over: a worker that never ran is killed (torch's SIGTERM cannot reach
+            # it, the stop signals are blocked in it) and nothing is started in its place.
+            for slot in watch.slots.values():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.process.pid, signal.SIGKILL)
+            watch.slots.clear()
+            return
+        now = time.monotonic()
+        for slot in [s for s in watch.slots.values() if s.deadline <= now]:
+            self._overdue(watch, iterator, slot)
+
+    def _overdue(self, watch: _Watch, iterator: Any, slot: _Slot) -> None:
+        pid = slot.process.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        state = _settled(pid)
+        if state != "stopped":
+            if state == "running":  # not stopped in 5 s (in a disk wait, say): look again later
+                slot.deadline = time.monotonic() + slot.timeout
+            else:  # it ended on its own: torch's DataLoader sees to that
+                del watch.slots[slot.worker_id]
+            return
+        watch.take_reports()
+        if slot.worker_id in watch.seen:  # it ran: only slow
+            os.kill(pid, signal.SIGCONT)
+            return
+        if slot.attempts >= ATTEMPTS:
+            logger.error(
+                "unidist: DataLoader worker %d (pid %d) did not start in %.0f s, and %d workers "
+                "started in its place before it did not either; killing it, so the DataLoader "
+                "fails on it instead of waiting forever. %s",
+                slot.worker_id,
+                pid,
+                slot.timeout,
+                slot.attempts,
+                _HINT,
+            )
+            os.kill(pid, signal.SIGKILL)
+            replaced.append((slot.worker_id, pid, None))
+            del watch.slots[slot.worker_id]
+            return
+        try:
+            self._replace(iterator, slot)
+        except (AttributeError, ValueError, TypeError) as error:  # torch's iterator has changed
+            logger.error(
+                "unidist: DataLoader worker %d (pid %d) did not start in %.0f s, and it cannot "
+                "be started again (%s); killing it, so the DataLoader fails on it instead of "
+                "waiting forever. %s",
+                slot.worker_id,
+                pid,
+                slot.timeout,
+                error,
+                _HINT,
+            )
+            os.kill(pid, signal.SIGKILL)
+            replaced.append((slot.worker_id, pid, None))
+            del watch.slots[slot.worker_id]
+
+    def _replace(self, iterator: Any, slot: _Slot) -> None:
+        stuck = slot.process
+        args, kwargs = slot.made
+        fresh = multiprocessing.context.ForkProcess(*args, **kwargs)
+        fresh.daemon = stuck.daemon
+        fresh.start()
+        workers = iterator._workers
+        workers[workers.index(stuck)] = fresh
+        if getattr(iterator, "_worker_pids_set", False):
+            _register(iterator)
+        os.kill(stuck.pid, signal.SIGKILL)  # no longer one of torch's: its end is no failure
+        stuck.join(_STOP_DEADLINE)
+        replaced.append((slot.worker_id, stuck.pid, fresh.pid))
+        logger.warning(
+            "unidist: DataLoader worker %d (pid %d) did not start in %.0f s: it is stuck before "
+            "its first line, on a lock that another thread held when it was forked. Started "
+            "worker %d again (pid %d); it reads the same batches. %s",
+            slot.worker_id,
+            stuck.pid,
+            slot.timeout,
+            slot.worker_id,
+            fresh.pid,
+            _HINT,
+        )
+        slot.process = fresh
+        slot.attempts += 1
+        slot.timeout *= 2
+        slot.deadline = time.monotonic() + slot.timeout
+
+
+_HINT = (
+    "HINT: on Python 3.11.9, 3.10.14 or older this is CPython gh-112275, which a gloo thread "
+    "meets: upgrade Python, or pass multiprocessing_context='forkserver' to the DataLoader; "
+    "UNIDIST_WORKER_START_TIMEOUT sets the deadline (seconds; 0 turns the watch off)."
+)
+
+
+def _settled(pid: int) -> str:
+    """'stopped', 'ended', or 'running' (not stopped within the deadline) after a SIGSTOP."""
+    deadline = time.monotonic() + _STOP_DEADLINE
+    pause = threading.Event()
+    while time.monotonic() < deadline:
+        try:
+            # WNOWAIT: the child stays waitable, for torch's SIGCHLD handler and its Process.
+            info = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return "ended"
+        if info is not None:
+            return "stopped" if info.si_code == os.CLD_STOPPED else "ended"
+        pause.wait(0.01)  # the kernel offers no event for "stopped" to wait on
+    return "running"
+
+
+def _register(iterator: Any) -> None:
+    """Tell torch's SIGCHLD check the iterator's worker pids now (the stuck one's replaced)."""
+    from torch.utils.data._utils import signal_handling
+
+    key = id(iterator)
+    pids = tuple(worker.pid for worker in iterator._workers)
+    calls = (
+        functools.partial(signal_handling._remove_worker_pids, key),  # type: ignore[attr-defined]
+        functools.partial(signal_handling._set_worker_pids, key, pids),  # type: ignore[attr-defined]
+    )
+    # Both run in C, back to back, with no Python bytecode between them, so no other thread
+    # runs in between: torch's own shutdown never finds the iterator unregistered.
+    collections.deque(map(operator.methodcaller("__call__"), calls), maxlen=0)
+
+
+_watcher = _Watcher()
+
+
+def _after_fork_in_child() -> None:
+    # A worker that makes loaders of its own watches them with a thread of its own: the copy it
+    # got of this one has no thread, and its lock may have been held by one.
+    global _watcher
+    _watcher = _Watcher()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def watch(iterator: Any, fds: tuple[int, int], recorder: Recorder, timeout: float) -> None:
+    """Watch the workers ``iterator`` forked through ``recorder`` (see the module docstring)."""
+    _watcher.watch(iterator, fds, recorder, timeout)

@@ -1,0 +1,107 @@
+"""A DataLoader worker stuck in its fork is started again; the loop gets the same batches.
+
+A worker forked while another thread of the rank held one of Python's locks never runs a line
+(CPython gh-112275 on Python <= 3.11.9: gloo's threads take that lock after each collective), and
+torch's DataLoader waits for it forever. The elastic tests met it once under load."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torch.utils.data import DataLoader
+
+from unidist._env.reading import worker_start_timeout
+from unidist._resume import forks
+from unidist.errors import ConfigurationError
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "scripts" / "forked_workers.py"
+
+
+def _run(*args: str, timeout: str = "1") -> tuple[subprocess.CompletedProcess[str], Any]:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+            "UNIDIST_WORKER_START_TIMEOUT": timeout,
+        },
+    )
+    lines = done.stdout.strip().splitlines()
+    return done, json.loads(lines[-1]) if done.returncode == 0 and lines else None
+
+
+@pytest.mark.parametrize("workers", ["fresh", "persistent"])
+def test_a_worker_stuck_before_its_first_line_is_started_again(workers: str) -> None:
+    extra = ["persistent"] if workers == "persistent" else []
+    done, summary = _run("unidist", "block", "3", *extra)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary["right"], summary  # every epoch: the batches a loader without workers gives
+    [(worker_id, stuck, fresh)] = summary["replaced"]
+    assert worker_id == 0
+    assert fresh not in (None, stuck)
+    assert summary["left"] == []  # the stuck one was killed and reaped, not left behind
+    assert f"DataLoader worker 0 (pid {stuck}) did not start in 1 s" in done.stderr
+    assert "gh-112275" in done.stderr
+
+
+def test_torchs_own_loader_waits_on_the_same_worker() -> None:
+    # The control: torch's DataLoader gets nothing from the stuck worker. Given timeout=5 it
+    # fails at the deadline (with torch's default, 0, it would wait forever).
+    done, _ = _run("torch", "block", "2")
+    assert done.returncode != 0, done.stdout
+    assert "DataLoader timed out after 5 seconds" in done.stderr, done.stderr[-3000:]
+
+
+def test_forks_beside_threads_that_enter_python_never_hang() -> None:
+    # The real thing, no hook: native threads enter Python for the first time in a loop, as gloo's
+    # do after each collective. On Python <= 3.11.9 one fork in a few hundred copies CPython's
+    # HEAD_LOCK held, and that worker is started again; on newer Pythons none is stuck.
+    done, summary = _run("unidist", "threads", "100", timeout="2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert summary["right"], summary
+    assert summary["left"] == []
+    assert all(fresh is not None for _, _, fresh in summary["replaced"])
+
+
+def test_only_workers_started_by_fork_are_watched() -> None:
+    # spawn and forkserver start workers that inherit none of the rank's threads, nor their locks.
+    def loader(context: str | None) -> DataLoader[int]:
+        return DataLoader(range(4), num_workers=1, multiprocessing_context=context)
+
+    assert forks.forks(loader("fork"))
+    assert not forks.forks(loader("spawn"))
+    assert not forks.forks(loader("forkserver"))
+    import multiprocessing
+
+    default = multiprocessing.get_start_method(allow_none=True)
+    assert forks.forks(loader(None)) == (
+        (default or multiprocessing.get_all_start_methods()[0]) == "fork"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"), [(None, 10.0), ("", 10.0), ("2.5", 2.5), ("30", 30.0), ("0", None)]
+)
+def test_the_deadline_is_the_users_to_set(value: str | None, seconds: float | None) -> None:
+    environ = {} if value is None else {"UNIDIST_WORKER_START_TIMEOUT": value}
+    assert worker_start_timeout(environ) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "inf", "nan"])
+def test_a_deadline_that_is_not_seconds_is_refused(value: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        worker_start_timeout({"UNIDIST_WORKER_START_TIMEOUT": value})
+    message = str(caught.value)
+    assert f"UNIDIST_WORKER_START_TIMEOUT={value!r}" in message
+    assert "HINT: set it to the seconds" in message
+    assert "(default 10)" in message

@@ -1,0 +1,117 @@
+"""Epochs of a loader whose workers may be stuck in their fork; prints a JSON summary.
+
+    python forked_workers.py {unidist|torch} {block|threads} EPOCHS [persistent]
+
+``block``: the first worker forked blocks forever in an after-fork hook, before any of the
+worker's code runs (as a child forked while another thread held one of Python's locks does).
+``threads``: native threads keep entering Python for the first time (each takes CPython's
+``HEAD_LOCK`` without the GIL, as gloo's threads do), so a fork now and then copies that lock
+held: on Python <= 3.11.9 the child then never runs (CPython gh-112275); on newer ones, never.
+
+The summary: ``right`` (every epoch gave the batches a loader without workers gives),
+``epochs``, ``replaced`` (unidist's record of stuck workers: worker id, stuck pid, new pid) and
+``left`` (stuck pids still alive at the end). torch's loader gets ``timeout=5``: where a worker
+is stuck it fails ("DataLoader timed out after 5 seconds") instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import threading
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+from unidist._resume import forks
+from unidist.data import StatefulDataLoader
+
+kind, how, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
+persistent = sys.argv[4:] == ["persistent"]
+
+forked = 0
+
+
+def _count() -> None:
+    global forked
+    forked += 1
+
+
+def _block_the_first() -> None:
+    if forked == 1:  # this child's copy of the count: the first fork made it 1
+        threading.Event().wait()
+
+
+if how == "block":
+    os.register_at_fork(before=_count, after_in_child=_block_the_first)
+
+stop = threading.Event()
+chain_ended = threading.Event()
+if how == "threads":
+    libc = ctypes.CDLL(None)
+    start_routine = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+
+    def _next(_: object) -> None:
+        # Runs on a new native thread, which ctypes gives a fresh Python thread state (so takes
+        # HEAD_LOCK without the GIL), then starts the next one.
+        if stop.is_set():
+            chain_ended.set()
+            return
+        thread = ctypes.c_ulong()
+        libc.pthread_create(ctypes.byref(thread), None, _routine, None)
+        libc.pthread_detach(thread)
+
+    _routine = start_routine(_next)
+    _next(None)
+
+
+def batches(loader: DataLoader[int], epoch: int) -> list[list[int]]:
+    loader.sampler.generator.manual_seed(epoch)  # type: ignore[attr-defined]
+    return [batch.tolist() for batch in loader]
+
+
+def make(workers: int) -> DataLoader[int]:
+    cls = StatefulDataLoader if kind == "unidist" and workers else DataLoader
+    return cls(  # type: ignore[no-any-return]
+        range(24),
+        batch_size=4,
+        # A generator of the sampler's own: the order does not hang on how many draws the
+        # loader makes from its generator (a persistent loader's later epochs make none).
+        sampler=RandomSampler(range(24), generator=torch.Generator()),
+        num_workers=workers,
+        persistent_workers=persistent and workers > 0,
+        timeout=5 if kind == "torch" and workers else 0,  # torch's: fail, rather than hang
+    )
+
+
+expected = [batches(make(0), epoch) for epoch in range(epochs)]
+loader = make(2)
+got = [batches(loader, epoch) for epoch in range(epochs)]
+stop.set()
+if how == "threads":
+    chain_ended.wait(30)
+del loader
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+left = [pid for _, pid, _ in forks.replaced if _state(pid) not in ("gone", "Z")]
+print(
+    json.dumps(
+        {
+            "right": got == expected,
+            "epochs": epochs,
+            "replaced": forks.replaced,
+            "left": left,
+        }
+    ),
+    flush=True,
+)
