@@ -54,6 +54,15 @@ def test_a_worker_stuck_before_its_first_line_is_started_again(workers: str) -> 
     assert "gh-112275" in done.stderr
 
 
+def test_a_worker_that_never_starts_fails_the_loader_rather_than_hang_it() -> None:
+    # Every fork stuck, the replacements too: after 4 of them (deadlines 0.5, 1, 2, 4 and 8 s)
+    # the worker is killed, and torch's DataLoader raises its own error for it.
+    done, _ = _run("unidist", "block-all", "1", timeout="0.5")
+    assert done.returncode != 0, done.stdout
+    assert "did not start in 8 s, and 4 started in its place did not either" in done.stderr
+    assert "is killed by signal: Killed" in done.stderr, done.stderr[-3000:]
+
+
 def test_torchs_own_loader_waits_on_the_same_worker() -> None:
     # The control: torch's DataLoader gets nothing from the stuck worker. Given timeout=5 it
     # fails at the deadline (with torch's default, 0, it would wait forever).

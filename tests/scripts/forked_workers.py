@@ -1,9 +1,10 @@
 """Epochs of a loader whose workers may be stuck in their fork; prints a JSON summary.
 
-    python forked_workers.py {unidist|torch} {block|threads} EPOCHS [persistent]
+    python forked_workers.py {unidist|torch} {block|block-all|threads} EPOCHS [persistent]
 
 ``block``: the first worker forked blocks forever in an after-fork hook, before any of the
 worker's code runs (as a child forked while another thread held one of Python's locks does).
+``block-all``: every worker forked blocks so, the ones started in their place too.
 ``threads``: native threads keep entering Python for the first time (each takes CPython's
 ``HEAD_LOCK`` without the GIL, as gloo's threads do), so a fork now and then copies that lock
 held: on Python <= 3.11.9 the child then never runs (CPython gh-112275); on newer ones, never.
@@ -40,11 +41,11 @@ def _count() -> None:
 
 
 def _block_the_first() -> None:
-    if forked == 1:  # this child's copy of the count: the first fork made it 1
+    if forked == 1 or how == "block-all":  # this child's copy: the first fork made it 1
         threading.Event().wait()
 
 
-if how == "block":
+if how in ("block", "block-all"):
     os.register_at_fork(before=_count, after_in_child=_block_the_first)
 
 stop = threading.Event()

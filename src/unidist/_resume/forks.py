@@ -17,7 +17,9 @@ runs, and one thread of the rank waits for the reports, with a deadline
 (``UNIDIST_WORKER_START_TIMEOUT``, 10 s by default). A worker that has not reported by then is
 stopped (SIGSTOP). If it still has not reported, it never reached its init function, so it never
 took an index from its queue: it is killed, and a new worker is forked in its place with the
-same arguments and queues, so the loop gets the same batches in the same order. One that
+same arguments and queues, so the loop gets the same batches in the same order (the new worker
+is a copy of the rank as it is then: a dataset the loop changed in the meantime, which the next
+epoch's workers would see changed too, is seen changed). One that
 reported meanwhile was only slow, and goes on (SIGCONT). A replacement is watched the same way,
 with twice the deadline, four times at most; then the worker is killed and torch's DataLoader
 raises its own error for it ("DataLoader worker (pid N) is killed by signal"): never a hang.
@@ -36,7 +38,7 @@ import multiprocessing
 import multiprocessing.context
 import operator
 import os
-import select
+import selectors
 import signal
 import threading
 import time
@@ -94,6 +96,7 @@ class _Slot:
     made: tuple[tuple[Any, ...], dict[str, Any]]
     timeout: float
     deadline: float
+    signums: tuple[int, ...]
     attempts: int = 0
 
 
@@ -133,13 +136,23 @@ def report_fds() -> tuple[int, int]:
     return read_fd, write_fd
 
 
-def report(fds: tuple[int, int], worker_id: int) -> None:
-    """In a worker: say that it runs (first thing in its init function), then let go the pipe."""
+def report_to(fds: tuple[int, int]) -> tuple[int, int, int]:
+    """What a worker's init function needs to report on the pipe ``fds``: its fds and inode."""
+    return fds[0], fds[1], os.fstat(fds[1]).st_ino
+
+
+def report(pipe: tuple[int, int, int], worker_id: int) -> None:
+    """In a worker: say that it runs (first thing in its init function), then let go the pipe.
+
+    Only into that pipe: an init function left on a loader by mistake (two threads iterating
+    one loader at once) must not write into whatever file now has the fd's number.
+    """
+    read_fd, write_fd, inode = pipe
     with contextlib.suppress(OSError):
-        os.write(fds[1], worker_id.to_bytes(_REPORT, "little"))
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if os.fstat(write_fd).st_ino == inode:
+            os.write(write_fd, worker_id.to_bytes(_REPORT, "little"))
+            for fd in (read_fd, write_fd):
+                os.close(fd)
 
 
 class _Watcher:
@@ -155,14 +168,19 @@ class _Watcher:
         self._wake: tuple[int, int] | None = None  # made with the thread
 
     def watch(
-        self, iterator: Any, fds: tuple[int, int], recorder: Recorder, timeout: float
+        self,
+        iterator: Any,
+        fds: tuple[int, int],
+        recorder: Recorder,
+        timeout: float,
+        signums: tuple[int, ...],
     ) -> None:
         """Watch ``iterator``'s workers, made through ``recorder``, report on ``fds``."""
         workers = list(getattr(iterator, "_workers", ()))
         made = {id(process): (args, kwargs) for process, args, kwargs in recorder.made}
         deadline = time.monotonic() + timeout
         slots = {
-            worker_id: _Slot(worker_id, process, made[id(process)], timeout, deadline)
+            worker_id: _Slot(worker_id, process, made[id(process)], timeout, deadline, signums)
             for worker_id, process in enumerate(workers)
             if id(process) in made
         }
@@ -187,103 +205,120 @@ class _Watcher:
         os.write(wake, b"w")
 
     def _run(self, wake: int) -> None:
+        selector = selectors.DefaultSelector()  # epoll: select() refuses fds past 1023
+        selector.register(wake, selectors.EVENT_READ)
         while True:
-            with self._lock:
-                watches = list(self._watches)
-            deadline = min((s.deadline for w in watches for s in w.slots.values()), default=None)
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            readable, _, _ = select.select([wake] + [w.read_fd for w in watches], [], [], wait)
-            if wake in readable:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(wake, 4096)
-            for watch in watches:
-                try:
-                    self._look(watch)
-                except Exception:  # never let one watch end the thread that serves the others
-                    logger.exception("unidist: watching DataLoader workers start failed")
-                    watch.slots.clear()
-                if not watch.slots:
-                    watch.close()
-                    with self._lock:
-                        self._watches.remove(watch)
+            try:
+                self._round(selector, wake)
+            except Exception:  # never let a surprise end the thread that serves every loader
+                logger.exception("unidist: watching DataLoader workers start failed")
+
+    def _round(self, selector: selectors.BaseSelector, wake: int) -> None:
+        with self._lock:
+            watches = list(self._watches)
+        for watch in watches:
+            if watch.read_fd not in selector.get_map():
+                selector.register(watch.read_fd, selectors.EVENT_READ)
+        deadline = min((s.deadline for w in watches for s in w.slots.values()), default=None)
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if any(key.fd == wake for key, _ in selector.select(wait)):
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake, 4096)
+        for watch in watches:
+            try:
+                self._look(watch)
+            except Exception:
+                logger.exception("unidist: watching DataLoader workers start failed")
+                for slot in watch.slots.values():  # as torch would have it: no stop of ours
+                    _signal(slot.process, signal.SIGCONT)
+                watch.slots.clear()
+            if not watch.slots:
+                selector.unregister(watch.read_fd)
+                watch.close()
+                with self._lock:
+                    self._watches.remove(watch)
 
     def _look(self, watch: _Watch) -> None:
         watch.take_reports()
         iterator = watch.iterator()
         if iterator is None or getattr(iterator, "_shutdown", False):
+            if iterator is not None and getattr(iterator, "_worker_pids_set", False):
+                # torch is still joining its workers, their pids still registered: a kill now
+                # would read as a failure. It unregisters them within seconds.
+                for slot in watch.slots.values():
+                    slot.deadline = time.monotonic() + 1.0
+                return
             # The loop is over: a worker that never ran is killed (torch's SIGTERM cannot reach
             # it, the stop signals are blocked in it) and nothing is started in its place.
             for slot in watch.slots.values():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.process.pid, signal.SIGKILL)
+                _signal(slot.process, signal.SIGKILL)
             watch.slots.clear()
             return
         now = time.monotonic()
         for slot in [s for s in watch.slots.values() if s.deadline <= now]:
-            self._overdue(watch, iterator, slot)
+            watch.take_reports()
+            if slot.worker_id in watch.slots:  # not reported, in the meantime
+                self._overdue(watch, iterator, slot)
 
     def _overdue(self, watch: _Watch, iterator: Any, slot: _Slot) -> None:
-        pid = slot.process.pid
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGSTOP)
-        state = _settled(pid)
-        if state != "stopped":
-            if state == "running":  # not stopped in 5 s (in a disk wait, say): look again later
-                slot.deadline = time.monotonic() + slot.timeout
-            else:  # it ended on its own: torch's DataLoader sees to that
-                del watch.slots[slot.worker_id]
+        if not _signal(slot.process, signal.SIGSTOP):  # it ended: torch's DataLoader sees to it
+            del watch.slots[slot.worker_id]
+            return
+        state = _settled(slot.process.pid)
+        if state == "ended":
+            del watch.slots[slot.worker_id]
+            return
+        if state == "running":  # not stopped in 5 s (in a disk wait, say): look again later
+            _signal(slot.process, signal.SIGCONT)  # the stop may still be pending: cancel it
+            slot.deadline = time.monotonic() + slot.timeout
             return
         watch.take_reports()
-        if slot.worker_id in watch.seen:  # it ran: only slow
-            os.kill(pid, signal.SIGCONT)
+        if slot.worker_id not in watch.slots:  # it ran: only slow
+            _signal(slot.process, signal.SIGCONT)
             return
         if slot.attempts >= ATTEMPTS:
-            logger.error(
-                "unidist: DataLoader worker %d (pid %d) did not start in %.0f s, and %d workers "
-                "started in its place before it did not either; killing it, so the DataLoader "
-                "fails on it instead of waiting forever. %s",
-                slot.worker_id,
-                pid,
-                slot.timeout,
-                slot.attempts,
-                _HINT,
-            )
-            os.kill(pid, signal.SIGKILL)
-            replaced.append((slot.worker_id, pid, None))
-            del watch.slots[slot.worker_id]
+            self._give_up(watch, slot, f"and {slot.attempts} started in its place did not either")
             return
         try:
             self._replace(iterator, slot)
-        except (AttributeError, ValueError, TypeError) as error:  # torch's iterator has changed
-            logger.error(
-                "unidist: DataLoader worker %d (pid %d) did not start in %.0f s, and it cannot "
-                "be started again (%s); killing it, so the DataLoader fails on it instead of "
-                "waiting forever. %s",
-                slot.worker_id,
-                pid,
-                slot.timeout,
-                error,
-                _HINT,
-            )
-            os.kill(pid, signal.SIGKILL)
-            replaced.append((slot.worker_id, pid, None))
-            del watch.slots[slot.worker_id]
+        except Exception as error:  # a fork that failed (EAGAIN, ENOMEM), torch's internals
+            self._give_up(watch, slot, f"and it cannot be started again ({error!r})")
+
+    def _give_up(self, watch: _Watch, slot: _Slot, why: str) -> None:
+        logger.error(
+            "unidist: DataLoader worker %d (pid %d) did not start in %g s, %s; killing it, so "
+            "the DataLoader fails on it instead of waiting forever. %s",
+            slot.worker_id,
+            slot.process.pid,
+            slot.timeout,
+            why,
+            _HINT,
+        )
+        _signal(slot.process, signal.SIGKILL)
+        replaced.append((slot.worker_id, slot.process.pid, None))
+        del watch.slots[slot.worker_id]
 
     def _replace(self, iterator: Any, slot: _Slot) -> None:
         stuck = slot.process
         args, kwargs = slot.made
         fresh = multiprocessing.context.ForkProcess(*args, **kwargs)
         fresh.daemon = stuck.daemon
+        # The workers' stop signals as they are now (ResumableState may have added some since
+        # this thread began): the new worker inherits them blocked, as the first one did.
+        signal.pthread_sigmask(signal.SIG_BLOCK, slot.signums)
         fresh.start()
         workers = iterator._workers
         workers[workers.index(stuck)] = fresh
         if getattr(iterator, "_worker_pids_set", False):
             _register(iterator)
-        os.kill(stuck.pid, signal.SIGKILL)  # no longer one of torch's: its end is no failure
+        # No longer one of torch's, so its end is no failure. (torch's main thread looks at its
+        # workers every 5 s; one that took the stuck worker from the list just before the swap
+        # and asks it after this kill would call it dead: a window of microseconds.)
+        _signal(stuck, signal.SIGKILL)
         stuck.join(_STOP_DEADLINE)
         replaced.append((slot.worker_id, stuck.pid, fresh.pid))
         logger.warning(
-            "unidist: DataLoader worker %d (pid %d) did not start in %.0f s: it is stuck before "
+            "unidist: DataLoader worker %d (pid %d) did not start in %g s: it is stuck before "
             "its first line, on a lock that another thread held when it was forked. Started "
             "worker %d again (pid %d); it reads the same batches. %s",
             slot.worker_id,
@@ -297,6 +332,18 @@ class _Watcher:
         slot.attempts += 1
         slot.timeout *= 2
         slot.deadline = time.monotonic() + slot.timeout
+
+
+def _signal(process: Any, signum: int) -> bool:
+    """Signal a worker unless it has ended (its pid then may be another process's): sent?"""
+    try:
+        # WNOWAIT: the child stays waitable, for torch's SIGCHLD handler and its Process.
+        if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return False  # ended, not yet reaped
+        os.kill(process.pid, signum)
+    except (ChildProcessError, ProcessLookupError):
+        return False  # ended and reaped
+    return True
 
 
 _HINT = (
@@ -351,6 +398,15 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def watch(iterator: Any, fds: tuple[int, int], recorder: Recorder, timeout: float) -> None:
-    """Watch the workers ``iterator`` forked through ``recorder`` (see the module docstring)."""
-    _watcher.watch(iterator, fds, recorder, timeout)
+def watch(
+    iterator: Any,
+    fds: tuple[int, int],
+    recorder: Recorder,
+    timeout: float,
+    signums: tuple[int, ...],
+) -> None:
+    """Watch the workers ``iterator`` forked through ``recorder`` (see the module docstring).
+
+    ``signums``: the stop signals its workers start with blocked (a replacement too).
+    """
+    _watcher.watch(iterator, fds, recorder, timeout, signums)

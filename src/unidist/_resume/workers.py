@@ -62,7 +62,7 @@ class WorkerInit:
         signums: tuple[int, ...],
         rank_pid: int,
         die_with_rank: bool,
-        report_to: tuple[int, int] | None = None,
+        report_to: tuple[int, int, int] | None = None,
     ) -> None:
         self.inner = inner
         self.signums = signums
@@ -126,7 +126,8 @@ def starting_workers(loader: Any) -> Iterator[Callable[[T], T]]:
     fds = forks.report_fds() if timeout else None
     recorder = forks.Recorder()
     main = threading.current_thread() is threading.main_thread()
-    loader.worker_init_fn = WorkerInit(original, signums, os.getpid(), main, fds)
+    pipe = None if fds is None else forks.report_to(fds)
+    loader.worker_init_fn = WorkerInit(original, signums, os.getpid(), main, pipe)
     if fds is not None:
         loader.multiprocessing_context = recorder  # the fork context, keeping each worker's making
 
@@ -136,7 +137,7 @@ def starting_workers(loader: Any) -> Iterator[Callable[[T], T]]:
         nonlocal watched
         if fds is not None and timeout:
             watched = True
-            forks.watch(iterator, fds, recorder, timeout)
+            forks.watch(iterator, fds, recorder, timeout, signums)
         return iterator
 
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
