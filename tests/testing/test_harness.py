@@ -67,6 +67,24 @@ def test_a_failing_rank_raises_with_every_ranks_traceback() -> None:
     assert not isinstance(caught.value, DistributedTestTimeout)
 
 
+def crash_in_native_code() -> None:
+    unidist.all_reduce(torch.ones(1000))  # gloo's threads are up, and enter Python now and then
+    if unidist.get_rank() == 1:
+        import faulthandler
+
+        faulthandler._sigsegv()  # type: ignore[attr-defined]  # CPython's own crash, for tests
+    unidist.barrier()
+
+
+def test_a_rank_that_crashes_in_native_code_shows_where_it_was() -> None:
+    with pytest.raises(DistributedTestError) as caught:
+        run_distributed(crash_in_native_code, timeout=60)
+    message = str(caught.value)
+    assert "exited with code -11" in message
+    assert "Fatal Python error: Segmentation fault" in message
+    assert "in crash_in_native_code" in message  # the crashing thread's stack, written in full
+
+
 def write_pid_and_hang(directory: str) -> None:
     Path(directory, f"rank{unidist.get_rank()}.pid").write_text(str(os.getpid()))
     if unidist.get_rank() == 1:

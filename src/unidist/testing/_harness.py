@@ -558,7 +558,11 @@ def _worker(job: _Job) -> None:
     err = open(Path(job.workdir, f"rank{job.rank}.err"), "w")  # noqa: SIM115
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
-    faulthandler.enable(file=err)
+    # A crash dumps the crashing thread's stack only. Dumping every thread walks the thread
+    # states without a lock, and gloo's threads make and free one each time they release a
+    # finished collective: a rank that segfaulted in tests/test_lifecycle.py under load wrote
+    # "Thread 0x... (most recent call first):" for the first thread and died, showing nothing.
+    faulthandler.enable(file=err, all_threads=False)
     faulthandler.register(STACK_SIGNAL, file=err, all_threads=True)
     _env.replace_all(job.env)
     progress = _env.progress_file()
