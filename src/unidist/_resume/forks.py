@@ -167,28 +167,8 @@ class _Watcher:
         self._watches: list[_Watch] = []
         self._wake: tuple[int, int] | None = None  # made with the thread
 
-    def watch(
-        self,
-        iterator: Any,
-        fds: tuple[int, int],
-        recorder: Recorder,
-        timeout: float,
-        signums: tuple[int, ...],
-    ) -> None:
-        """Watch ``iterator``'s workers, made through ``recorder``, report on ``fds``."""
-        workers = list(getattr(iterator, "_workers", ()))
-        made = {id(process): (args, kwargs) for process, args, kwargs in recorder.made}
-        deadline = time.monotonic() + timeout
-        slots = {
-            worker_id: _Slot(worker_id, process, made[id(process)], timeout, deadline, signums)
-            for worker_id, process in enumerate(workers)
-            if id(process) in made
-        }
-        if not slots:
-            for fd in fds:
-                os.close(fd)
-            return
-        watch = _Watch(weakref.ref(iterator), fds[0], fds[1], slots)
+    def add(self, watch: _Watch) -> None:
+        """Wait for ``watch``'s workers on this process's watching thread."""
         with self._lock:
             self._watches.append(watch)
             if self._wake is None:
@@ -409,4 +389,15 @@ def watch(
 
     ``signums``: the stop signals its workers start with blocked (a replacement too).
     """
-    _watcher.watch(iterator, fds, recorder, timeout, signums)
+    made = {id(process): (args, kwargs) for process, args, kwargs in recorder.made}
+    deadline = time.monotonic() + timeout
+    slots = {
+        worker_id: _Slot(worker_id, process, made[id(process)], timeout, deadline, signums)
+        for worker_id, process in enumerate(getattr(iterator, "_workers", ()))
+        if id(process) in made
+    }
+    watch = _Watch(weakref.ref(iterator), fds[0], fds[1], slots)
+    if slots:
+        _watcher.add(watch)
+    else:
+        watch.close()
