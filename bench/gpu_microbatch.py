@@ -233,7 +233,12 @@ def free_port() -> int:
 
 def launch(world: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run every rank (in this process when alone) and collect what each found."""
-    out = tempfile.mkdtemp(prefix="unidist-gpu-bench-")
+    with tempfile.TemporaryDirectory(prefix="unidist-gpu-bench-") as out:
+        return run_ranks(world, args, out)
+
+
+def run_ranks(world: int, args: argparse.Namespace, out: str) -> list[dict[str, Any]]:
+    """Run the ranks, each writing its findings under `out`, and read them back."""
     if world == 1:
         run_rank(0, 1, args, out, 0)
     else:

@@ -26,10 +26,26 @@ from unidist._progress.sampler import (
 )
 
 
-def _stack_of(thread: threading.Thread) -> list[Entry]:
+class _Read(threading.Thread):
+    """A thread that makes its own stack reader first, as the sampler's main thread does."""
+
+    def __init__(self, target, args=()) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(daemon=True)
+        self.work, self.args = target, args
+        self.reader: _StackReader | None = None
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        self.reader = _StackReader()
+        self.ready.set()
+        self.work(*self.args)
+
+
+def _stack_of(thread: _Read) -> list[Entry]:
     """``thread``'s stack as the sampler reads it (never through another thread's frames)."""
-    assert thread.ident is not None
-    return _StackReader().stack(thread.ident)
+    assert thread.ready.wait(30)
+    assert thread.reader is not None
+    return thread.reader.stack()
 
 
 def _blocks(top: Entry) -> bool:
@@ -45,7 +61,7 @@ def _classify_while(target, blocks=_blocks) -> tuple[State, str, str]:  # type: 
     """
     started, held = threading.Event(), threading.Lock()
     held.acquire()
-    thread = threading.Thread(target=target, args=(started, held), daemon=True)
+    thread = _Read(target, (started, held))
     thread.start()
     try:
         assert started.wait(30)
@@ -208,7 +224,7 @@ def test_another_threads_stack_is_read_in_c_innermost_first() -> None:
         started.set()
         release.wait(30)  # blocks
 
-    thread = threading.Thread(target=waits_here, daemon=True)
+    thread = _Read(waits_here)
     thread.start()
     assert started.wait(30)
     try:
@@ -221,7 +237,6 @@ def test_another_threads_stack_is_read_in_c_innermost_first() -> None:
         assert stack[mine][0] == __file__
         assert "# blocks" in linecache.getline(stack[mine][0], stack[mine][1])
         assert stack[-1][2] == "_bootstrap"  # the thread's outermost frame comes last
-        assert _StackReader().stack(1) == []  # no such thread
     finally:
         release.set()
         thread.join(30)
@@ -251,3 +266,91 @@ def test_the_sampler_has_stopped_before_the_exit_handlers_run(tmp_path: Path) ->
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "at exit, sampler alive: False" in done.stdout, done.stdout + done.stderr
+
+
+def test_reading_a_stack_survives_the_churn_that_killed_earlier_readers() -> None:
+    # tests/scripts/stack_churn.py: native threads keep making thread states, the main thread
+    # makes and pops frames and garbage whose finalizers run Python code, the GIL changes
+    # hands every microsecond. faulthandler's dump of every thread died there of SIGSEGV
+    # within a second; the walk without the collector switched off within 0.4-2.5 s, by
+    # SIGSEGV or by handing out freed memory as a frame.
+    import json
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(root / "tests" / "scripts" / "stack_churn.py"), "6"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])},
+    )
+    assert done.returncode == 0, f"rc {done.returncode}: {done.stderr[-3000:]}"
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "error" not in summary, summary
+    assert summary["looks"] > 0, summary
+    assert summary["found"], summary
+    assert summary["deepest"] >= 25, summary  # deep(25) and its callers, outermost included
+
+
+def test_a_look_leaves_the_collector_as_the_script_set_it() -> None:
+    # The look turns the collector off and back on within one C call: the thread it reads,
+    # switching the collector itself, never finds it other than it left it.
+    import gc
+
+    was = gc.isenabled()
+    stop = threading.Event()
+    wrong: list[str] = []
+
+    def switches() -> None:
+        while not stop.is_set():
+            gc.disable()
+            if gc.isenabled():
+                wrong.append("on after the script turned it off")
+            gc.enable()
+            if not gc.isenabled():
+                wrong.append("off after the script turned it on")
+
+    thread = _Read(switches)
+    thread.start()
+    try:
+        looks = 0
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline or looks < 1000:
+            _stack_of(thread)
+            looks += 1
+            assert looks < 10**7
+    finally:
+        stop.set()
+        thread.join(30)
+        (gc.enable if was else gc.disable)()
+    assert wrong == []
+    for state in (False, True):  # a look between two of the script's switches changes none
+        (gc.enable if state else gc.disable)()
+        _StackReader().stack()
+        assert gc.isenabled() is state
+    (gc.enable if was else gc.disable)()
+
+
+def test_a_look_that_fails_switches_the_collector_back_on() -> None:
+    import gc
+
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        reader = _StackReader()
+        reader._frame_of, reader._state = int, "no state"  # int("no state"): a ValueError in C
+        assert reader.stack() == []
+        assert gc.isenabled()
+        reader._state = None  # int(None): a TypeError, raised
+        with pytest.raises(TypeError):
+            reader.stack()
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_without_ctypes_a_look_finds_no_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ctypes", None)  # import ctypes: ImportError
+    assert _StackReader().stack() == []

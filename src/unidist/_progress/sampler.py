@@ -8,7 +8,7 @@ to the script), it wakes ten times a second and writes the rank's progress recor
   training thread pays nothing per collective);
 * the steps the rank counted (:func:`step`: unidist's loaders count each batch and
   :class:`unidist.ResumableState` each step; a counter, tens of nanoseconds);
-* what the main thread is doing, from its Python stack (read by faulthandler): in its own code
+* what the main thread is doing, from its Python stack (read in one C call): in its own code
   (and the innermost frame of it: file, line, function), in a collective (which one), in autograd's
   backward, or waiting for the DataLoader; and whether it moved since the last look;
 * how many looks found it in each of those phases, for the straggler report.
@@ -20,20 +20,22 @@ and at once starts a new group on the same ``MASTER_PORT`` is not covered by tha
 group that :func:`unidist.initialize` started and :func:`unidist.finalize` ends is.
 
 It also answers the launcher's request for a dump of every thread's stack (to stderr, the rank's
-log). The thread needs the GIL for 0.1-0.3 ms per look (faulthandler reads the stack, see
-:class:`_StackReader`); a main thread stuck in C code that holds the GIL stops the looks, which
-the launcher sees as a beat that stands still.
+log). The thread needs the GIL for about 0.05 ms per look (40 frames deep; reading the stack,
+11 us of it, see :class:`_StackReader`); a main thread stuck in C code that holds the GIL stops
+the looks, which the launcher sees as a beat that stands still.
 """
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
+import gc
+import itertools
+import operator
 import os
-import re
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -206,49 +208,90 @@ def classify_stack(stack: Sequence[Entry], places: _Places) -> tuple[State, str,
 
 
 class _StackReader:
-    """Another thread's Python stack, read in C by :mod:`faulthandler`, never through frames.
+    """The Python stack of the thread that made it, read from another thread in one C call.
 
-    On CPython 3.11 a thread that walks ``f_back`` of frames another thread is running (what
-    ``sys._current_frames()`` hands out) can crash the process with SIGSEGV when the owner pops
-    those frames in between (cpython#111363; the sampling profilers of sentry-python, #2386 and
-    #6119, and ddtrace, #13567, crashed the same way). A rank of ``unidist smoke`` died so under
-    load while importing Ignite (torch's JIT compiles at import). ``faulthandler`` walks the
-    interpreter's own frame records in one C call that holds the GIL throughout, the way it
-    dumps a crashing process, so the owner cannot run in between. It costs 0.1-0.3 ms a look
-    (40 frames deep: 0.33 ms; ten looks a second) where walking the frames cost 11 us.
+    Three ways to read another thread's stack can each kill or hang a CPython 3.11 process,
+    and a rank of this suite died of the first two under load:
 
-    File names come back as faulthandler writes them: non-ASCII characters escaped, at most
-    500 characters, at most 100 frames (the innermost ones, where the collective waits).
+    * walking ``f_back`` from Python, frame by frame, lets the owner run between two steps and
+      pop the frames being walked (cpython#111363; the sampling profilers of sentry-python,
+      #2386 and #6119, and ddtrace, #13567, crashed the same way): a rank of ``unidist smoke``
+      died so while importing Ignite;
+    * ``faulthandler.dump_traceback(all_threads=True)`` walks the interpreter's list of thread
+      states without its lock, and CPython 3.11 puts a new state at the head of that list
+      before it fills it in: gloo's threads make and free one for each collective they
+      finish, and the dump read one half made (SIGSEGV; tests/test_workarounds.py under load);
+    * ``sys._current_frames()`` holds that lock while it allocates, and a garbage collection
+      that frees a thread-local inside it waits for the lock again (cpython#106883, a
+      deadlock; not fixed in 3.11).
+
+    So the thread to be read makes its reader (in the sampler's case the main thread, as it
+    starts the sampler), which keeps that thread's state, and a look asks for its innermost
+    frame (``PyThreadState_GetFrame``: no list, no lock) and walks outwards in one C call:
+    ``list``, ``map``, ``itertools``, ``getattr`` and the collector's switches run no Python
+    code, so the owner cannot take the GIL in between and every frame stays where it was.
+    The collector is off during that call, and on again at its end if it was on (CPython 3.11
+    collects inside an allocation, and ``f_back`` allocates the frame objects it hands out:
+    a collection whose finalizers ran Python code let the owner pop the frame that was being
+    made, SIGSEGV in ``PyFrame_GetBack``, found by tests/_progress/test_sampler.py's churn).
+    Reading the switch, turning it off, walking and turning it back on happen in that same
+    call, so a script that turns the collector off or on meanwhile is never overruled.
+    A look costs about 11 us (40 frames deep) where faulthandler's dump cost 0.33 ms.
+
+    The thread must outlive its reader's looks (the main thread outlives the sampler, which
+    stops at the interpreter's exit hook). Without ``ctypes.pythonapi`` (not CPython) every
+    look finds no frames.
     """
 
-    _THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-fA-F]+) ")
-    _FRAME = re.compile(r'^  File "(.*)", line (\d+|\?\?\?) in (.*)$')
+    def __init__(self) -> None:
+        self.ident = threading.get_ident()
+        self._frame_of: Any = None
+        self._state: Any = None
+        with contextlib.suppress(Exception):  # not CPython: no looks
+            import ctypes
 
-    def stack(self, ident: int) -> list[Entry]:
-        """Thread ``ident``'s frames, innermost first (empty if it has none)."""
-        with tempfile.TemporaryFile(buffering=0) as dump:
-            faulthandler.dump_traceback(dump, all_threads=True)
-            dump.seek(0)
-            text = dump.read().decode("ascii", "replace")
-        return self._parse(text, ident)
+            api = ctypes.pythonapi
+            this_state = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyThreadState_Get", api))
+            self._frame_of = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p)(
+                ("PyThreadState_GetFrame", api)
+            )  # holds the GIL (PYFUNCTYPE); its own function object, pythonapi's untouched
+            self._state = this_state()
 
-    def _parse(self, text: str, ident: int) -> list[Entry]:
-        entries: list[Entry] = []
-        mine = False
-        for line in text.splitlines():
-            thread = self._THREAD.match(line)
-            if thread is not None:
-                if mine:
-                    break
-                mine = int(thread.group(1), 16) == ident
-                continue
-            frame = self._FRAME.match(line) if mine else None
-            if frame is not None:
-                number = frame.group(2)
-                entries.append(
-                    (frame.group(1), int(number) if number.isdigit() else 0, frame.group(3))
-                )
-        return entries
+    def stack(self) -> list[Entry]:
+        """The thread's frames, innermost first (empty if it has none, or none can be read)."""
+        if self._frame_of is None:
+            return []
+        enabled: list[bool] = []
+        frames = itertools.accumulate(
+            itertools.chain(
+                map(self._frame_of, (self._state,)),  # the innermost frame
+                itertools.repeat("f_back", _MAX_FRAMES - 1),
+            ),
+            getattr,  # each frame's caller, None past the outermost
+        )
+        steps = itertools.chain(
+            map(enabled.append, map(_CALL, (gc.isenabled,))),
+            map(_CALL, (gc.disable,)),
+            map(_ENTRY, itertools.takewhile(_IS_FRAME, frames)),
+            map(_CALL, itertools.compress((gc.enable,), enabled)),  # read when reached
+        )
+        try:
+            done = list(steps)  # the one C call (see the class's docstring)
+        except Exception as exc:
+            if enabled == [True]:
+                gc.enable()  # the call stopped between its switches
+            if isinstance(exc, ValueError):  # no frame: the thread runs no Python code
+                return []
+            raise
+        return [(name, line or 0, function) for name, line, function in filter(None, done)]
+
+
+#: (file, line, function) of a frame, read in C.
+_ENTRY = operator.attrgetter("f_code.co_filename", "f_lineno", "f_code.co_name")
+#: Whether a step of the walk found a frame (``f_back`` of the outermost one is None).
+_IS_FRAME = functools.partial(operator.is_not, None)
+#: Calls its argument, in C.
+_CALL = operator.methodcaller("__call__")
 
 
 def _show(entry: Entry) -> str:
@@ -293,10 +336,10 @@ class Sampler(threading.Thread):
         super().__init__(name="unidist-progress", daemon=True)
         self.writer = writer
         self.tick = tick
-        self.main = threading.main_thread().ident or 0
+        self._reader = _StackReader()  # of the thread that makes the sampler: the main one
+        self.main = self._reader.ident
         self._halt = threading.Event()
         self._places = _Places()
-        self._reader = _StackReader()
         self._key: Any = None
         self._samples = {State.USER: 0, State.COLLECTIVE: 0, State.DATA: 0, State.BACKWARD: 0}
         self.writer.values["main_thread"] = self.main
@@ -323,7 +366,7 @@ class Sampler(threading.Thread):
     def look(self) -> None:
         values = self.writer.values
         now = time.monotonic_ns()
-        state, op, user, where, key = classify_stack(self._reader.stack(self.main), self._places)
+        state, op, user, where, key = classify_stack(self._reader.stack(), self._places)
         if state in self._samples:
             self._samples[state] += 1
         if key != self._key:
@@ -372,8 +415,9 @@ class Sampler(threading.Thread):
 def dump_stacks(why: str) -> None:
     """Every thread's Python stack to stderr (the rank's log), as faulthandler writes them.
 
-    faulthandler reads the stacks in C (see :class:`_StackReader`: walking another thread's
-    frames from Python can crash CPython 3.11); a line before them names the threads.
+    faulthandler reads the stacks in C; a line before them names the threads. It walks the
+    thread states without their lock (see :class:`_StackReader`), which a look ten times a
+    second must not, and a dump the launcher asks for once may.
     """
     names = ", ".join(f'{t.ident:#018x} "{t.name}"' for t in threading.enumerate())
     with contextlib.suppress(Exception):
