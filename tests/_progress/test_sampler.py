@@ -354,3 +354,12 @@ def test_a_look_that_fails_switches_the_collector_back_on() -> None:
 def test_without_ctypes_a_look_finds_no_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ctypes", None)  # import ctypes: ImportError
     assert _StackReader().stack() == []
+
+
+def test_without_the_gil_a_look_finds_no_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A free-threaded build (3.13t) running without its GIL: nothing keeps the owner out of
+    # the walk, so the reader reads nothing rather than frames being freed under it.
+    reader = _StackReader()
+    assert reader.stack()  # this thread's own frames
+    monkeypatch.setattr(sampler, "_GIL_ENABLED", lambda: False)
+    assert reader.stack() == []

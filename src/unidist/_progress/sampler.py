@@ -239,8 +239,9 @@ class _StackReader:
     A look costs about 11 us (40 frames deep) where faulthandler's dump cost 0.33 ms.
 
     The thread must outlive its reader's looks (the main thread outlives the sampler, which
-    stops at the interpreter's exit hook). Without ``ctypes.pythonapi`` (not CPython) every
-    look finds no frames.
+    stops at the interpreter's exit hook). Without ``ctypes.pythonapi`` (not CPython), or while
+    a free-threaded build runs without its GIL (nothing then keeps the owner out of the walk),
+    every look finds no frames.
     """
 
     def __init__(self) -> None:
@@ -259,7 +260,7 @@ class _StackReader:
 
     def stack(self) -> list[Entry]:
         """The thread's frames, innermost first (empty if it has none, or none can be read)."""
-        if self._frame_of is None:
+        if self._frame_of is None or not _GIL_ENABLED():
             return []
         enabled: list[bool] = []
         frames = itertools.accumulate(
@@ -292,6 +293,8 @@ _ENTRY = operator.attrgetter("f_code.co_filename", "f_lineno", "f_code.co_name")
 _IS_FRAME = functools.partial(operator.is_not, None)
 #: Calls its argument, in C.
 _CALL = operator.methodcaller("__call__")
+#: Whether the GIL is on (always, but in a free-threaded build, 3.13 on, that turned it off).
+_GIL_ENABLED = getattr(sys, "_is_gil_enabled", lambda: True)
 
 
 def _show(entry: Entry) -> str:
