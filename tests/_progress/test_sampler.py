@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import linecache
 import sys
 import threading
@@ -34,17 +35,28 @@ class _Read(threading.Thread):
         self.work, self.args = target, args
         self.reader: _StackReader | None = None
         self.ready = threading.Event()
+        self.done = threading.Event()
 
     def run(self) -> None:
         self.reader = _StackReader()
         self.ready.set()
-        self.work(*self.args)
+        try:
+            self.work(*self.args)
+        finally:
+            # The reader keeps this thread's state: the thread must outlive every look, so
+            # it ends only when the test says so (finish()), however its work ended.
+            self.done.wait(3600)
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(30)
 
 
 def _stack_of(thread: _Read) -> list[Entry]:
     """``thread``'s stack as the sampler reads it (never through another thread's frames)."""
     assert thread.ready.wait(30)
     assert thread.reader is not None
+    assert not thread.done.is_set()
     return thread.reader.stack()
 
 
@@ -74,7 +86,7 @@ def _classify_while(target, blocks=_blocks) -> tuple[State, str, str]:  # type: 
             time.sleep(0.01)
     finally:
         held.release()
-        thread.join(30)
+        thread.finish()
     state, op, user, _, _ = classify_stack(stack, _Places())
     return state, op, user
 
@@ -239,7 +251,7 @@ def test_another_threads_stack_is_read_in_c_innermost_first() -> None:
         assert stack[-1][2] == "_bootstrap"  # the thread's outermost frame comes last
     finally:
         release.set()
-        thread.join(30)
+        thread.finish()
 
 
 def test_the_sampler_has_stopped_before_the_exit_handlers_run(tmp_path: Path) -> None:
@@ -272,8 +284,8 @@ def test_reading_a_stack_survives_the_churn_that_killed_earlier_readers() -> Non
     # tests/scripts/stack_churn.py: native threads keep making thread states, the main thread
     # makes and pops frames and garbage whose finalizers run Python code, the GIL changes
     # hands every microsecond. faulthandler's dump of every thread died there of SIGSEGV
-    # within a second; the walk without the collector switched off within 0.4-2.5 s, by
-    # SIGSEGV or by handing out freed memory as a frame.
+    # within a second; a first version of the one-call walk (reading f_code, the collector
+    # on) within 0.4-2.5 s, by SIGSEGV or by handing out freed memory as a frame.
     import json
     import os
     import subprocess
@@ -323,7 +335,7 @@ def test_a_look_leaves_the_collector_as_the_script_set_it() -> None:
             assert looks < 10**7
     finally:
         stop.set()
-        thread.join(30)
+        thread.finish()
         (gc.enable if was else gc.disable)()
     assert wrong == []
     for state in (False, True):  # a look between two of the script's switches changes none
@@ -347,6 +359,10 @@ def test_a_look_that_fails_switches_the_collector_back_on() -> None:
         with pytest.raises(TypeError):
             reader.stack()
         assert gc.isenabled()
+        gc.disable()  # and a collector the script turned off stays off
+        reader._state = "no state"
+        assert reader.stack() == []
+        assert not gc.isenabled()
     finally:
         (gc.enable if was else gc.disable)()
 
@@ -361,5 +377,40 @@ def test_without_the_gil_a_look_finds_no_frames(monkeypatch: pytest.MonkeyPatch)
     # the walk, so the reader reads nothing rather than frames being freed under it.
     reader = _StackReader()
     assert reader.stack()  # this thread's own frames
-    monkeypatch.setattr(sampler, "_GIL_ENABLED", lambda: False)
+    monkeypatch.setattr(sampler, "_GIL_ENABLED", functools.partial(bool, False))
     assert reader.stack() == []
+
+
+def test_a_look_raises_no_audit_event() -> None:
+    # An audit hook written in Python would run inside the walk, where the thread being read
+    # must not get the GIL (reading frame.f_code raises "object.__getattr__").
+    import os
+    import subprocess
+
+    code = (
+        "import sys, threading\n"
+        "from unidist._progress.sampler import _StackReader\n"
+        "reader = _StackReader()\n"
+        "mine, seen = set(), []\n"
+        "sys.addaudithook(lambda event, args: seen.append(event)"
+        " if threading.get_ident() in mine else None)\n"
+        "def look():\n"
+        "    mine.add(threading.get_ident())\n"
+        "    stack = reader.stack()\n"
+        "    mine.clear()\n"
+        "    assert any(function == 'look' for _, _, function in stack) is False\n"
+        "    assert stack[-1][0] == '<string>', stack\n"
+        "t = threading.Thread(target=look)\n"
+        "t.start(); t.join()\n"
+        "print(seen)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -39,7 +39,9 @@ old = sys.argv[2:] == ["faulthandler"]
 sys.setswitchinterval(1e-6)
 gc.set_threshold(50, 5, 5)
 
+CHAINS = 2
 stop = threading.Event()
+ended = threading.Semaphore(0)
 libc = ctypes.CDLL(None)
 start_routine = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 
@@ -47,14 +49,16 @@ start_routine = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 def _next(_: object) -> None:
     # Runs on a new native thread, which ctypes gives a fresh Python thread state, then
     # starts the next one.
-    if not stop.is_set():
-        thread = ctypes.c_ulong()
-        libc.pthread_create(ctypes.byref(thread), None, _routine, None)
-        libc.pthread_detach(thread)
+    if stop.is_set():
+        ended.release()  # no native thread of this chain enters Python after this one
+        return
+    thread = ctypes.c_ulong()
+    libc.pthread_create(ctypes.byref(thread), None, _routine, None)
+    libc.pthread_detach(thread)
 
 
 _routine = start_routine(_next)
-for _ in range(2):
+for _ in range(CHAINS):
     _next(None)
 
 reader = _StackReader()  # made by the main thread: reads its stack
@@ -125,4 +129,7 @@ while reading.is_alive():
     if rounds % 50 == 0:
         asyncio.run(awaits(10))
 stop.set()
+for _ in range(CHAINS):  # none may enter Python while the interpreter ends
+    if not ended.acquire(timeout=60):
+        summary["error"] = "a chain of native threads did not end within 60 s"
 print(json.dumps(summary))

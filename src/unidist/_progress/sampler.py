@@ -38,7 +38,7 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
@@ -228,12 +228,15 @@ class _StackReader:
     So the thread to be read makes its reader (in the sampler's case the main thread, as it
     starts the sampler), which keeps that thread's state, and a look asks for its innermost
     frame (``PyThreadState_GetFrame``: no list, no lock) and walks outwards in one C call:
-    ``list``, ``map``, ``itertools``, ``getattr`` and the collector's switches run no Python
-    code, so the owner cannot take the GIL in between and every frame stays where it was.
-    The collector is off during that call, and on again at its end if it was on (CPython 3.11
-    collects inside an allocation, and ``f_back`` allocates the frame objects it hands out:
-    a collection whose finalizers ran Python code let the owner pop the frame that was being
-    made, SIGSEGV in ``PyFrame_GetBack``, found by tests/_progress/test_sampler.py's churn).
+    ``list``, ``map``, ``itertools``, ``getattr``, ctypes' calls of the C API and the
+    collector's switches run no Python code and raise no audit event (a Python audit hook
+    would run), so the owner cannot take the GIL in between and every frame stays where it was.
+    The collector is off during that call, and on again at its end if it was on: CPython 3.11
+    collects inside an allocation (``f_back`` allocates the frame objects it hands out, the
+    walk its tuples), and a collection whose finalizers run Python code lets the owner run
+    mid-walk. A first version of this walk, which read ``f_code`` (an audit event's tuple per
+    frame) with the collector on, died so in tests/scripts/stack_churn.py within 0.4-2.5 s:
+    SIGSEGV in ``PyFrame_GetBack``, or a freed object handed out as a frame.
     Reading the switch, turning it off, walking and turning it back on happen in that same
     call, so a script that turns the collector off or on meanwhile is never overruled.
     A look costs about 11 us (40 frames deep) where faulthandler's dump cost 0.33 ms.
@@ -247,54 +250,76 @@ class _StackReader:
     def __init__(self) -> None:
         self.ident = threading.get_ident()
         self._frame_of: Any = None
+        self._code_of: Any = None
         self._state: Any = None
         with contextlib.suppress(Exception):  # not CPython: no looks
             import ctypes
 
+            # Functions of their own (pythonapi's stay untouched) that hold the GIL.
             api = ctypes.pythonapi
             this_state = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyThreadState_Get", api))
-            self._frame_of = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p)(
+            frame_of = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p)(
                 ("PyThreadState_GetFrame", api)
-            )  # holds the GIL (PYFUNCTYPE); its own function object, pythonapi's untouched
-            self._state = this_state()
+            )
+            # Not frame.f_code: reading it raises an audit event, and a Python audit hook
+            # would run inside the walk.
+            code_of = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.py_object)(
+                ("PyFrame_GetCode", api)
+            )
+            self._state, self._frame_of, self._code_of = this_state(), frame_of, code_of
 
     def stack(self) -> list[Entry]:
         """The thread's frames, innermost first (empty if it has none, or none can be read)."""
-        if self._frame_of is None or not _GIL_ENABLED():
+        if self._frame_of is None:
             return []
         enabled: list[bool] = []
-        frames = itertools.accumulate(
-            itertools.chain(
-                map(self._frame_of, (self._state,)),  # the innermost frame
-                itertools.repeat("f_back", _MAX_FRAMES - 1),
-            ),
-            getattr,  # each frame's caller, None past the outermost
-        )
-        steps = itertools.chain(
-            map(enabled.append, map(_CALL, (gc.isenabled,))),
-            map(_CALL, (gc.disable,)),
-            map(_ENTRY, itertools.takewhile(_IS_FRAME, frames)),
-            map(_CALL, itertools.compress((gc.enable,), enabled)),  # read when reached
-        )
+        gil: list[bool] = []
         try:
-            done = list(steps)  # the one C call (see the class's docstring)
+            # The one C call (see the class's docstring). It yields None for each switch and
+            # (code, line) for each frame: the collector's switch read, the collector off,
+            # whether the GIL is on, the walk (only then), the collector on if it was.
+            done = list(
+                itertools.chain(
+                    map(enabled.append, map(_CALL, (gc.isenabled,))),
+                    map(_CALL, (gc.disable,)),
+                    map(gil.append, map(_CALL, (_GIL_ENABLED,))),
+                    itertools.chain.from_iterable(itertools.compress((self._walk(),), gil)),
+                    map(_CALL, itertools.compress((gc.enable,), enabled)),  # read when reached
+                )
+            )
         except Exception as exc:
             if enabled == [True]:
                 gc.enable()  # the call stopped between its switches
             if isinstance(exc, ValueError):  # no frame: the thread runs no Python code
                 return []
             raise
-        return [(name, line or 0, function) for name, line, function in filter(None, done)]
+        return [(code.co_filename, line or 0, code.co_name) for code, line in filter(None, done)]
+
+    def _walk(self) -> Iterator[tuple[Any, int | None]]:
+        """(code, line) of each frame, innermost first; nothing is read until it is iterated."""
+        frames = itertools.takewhile(
+            _IS_FRAME,
+            itertools.accumulate(
+                itertools.chain(
+                    map(self._frame_of, (self._state,)),  # the innermost frame
+                    itertools.repeat("f_back", _MAX_FRAMES - 1),
+                ),
+                getattr,  # each frame's caller, None past the outermost
+            ),
+        )
+        codes, lines = itertools.tee(frames)
+        return zip(map(self._code_of, codes), map(_LINE, lines), strict=True)
 
 
-#: (file, line, function) of a frame, read in C.
-_ENTRY = operator.attrgetter("f_code.co_filename", "f_lineno", "f_code.co_name")
+#: A frame's line, read in C.
+_LINE = operator.attrgetter("f_lineno")
 #: Whether a step of the walk found a frame (``f_back`` of the outermost one is None).
 _IS_FRAME = functools.partial(operator.is_not, None)
 #: Calls its argument, in C.
 _CALL = operator.methodcaller("__call__")
-#: Whether the GIL is on (always, but in a free-threaded build, 3.13 on, that turned it off).
-_GIL_ENABLED = getattr(sys, "_is_gil_enabled", lambda: True)
+#: Whether the GIL is on (always, but in a free-threaded build, 3.13 on, that turned it off);
+#: a C callable either way (a lambda would run Python code inside the walk).
+_GIL_ENABLED = getattr(sys, "_is_gil_enabled", functools.partial(bool, True))
 
 
 def _show(entry: Entry) -> str:
