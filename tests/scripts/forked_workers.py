@@ -17,13 +17,13 @@ is stuck it fails ("DataLoader timed out after 5 seconds") instead of waiting fo
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import sys
 import threading
 
 import torch
+from _native import Chains  # tests/scripts, this script's folder
 from torch.utils.data import DataLoader, RandomSampler
 
 from unidist._resume import forks
@@ -48,24 +48,7 @@ def _block_the_first() -> None:
 if how in ("block", "block-all"):
     os.register_at_fork(before=_count, after_in_child=_block_the_first)
 
-stop = threading.Event()
-chain_ended = threading.Event()
-if how == "threads":
-    libc = ctypes.CDLL(None)
-    start_routine = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
-
-    def _next(_: object) -> None:
-        # Runs on a new native thread, which ctypes gives a fresh Python thread state (so takes
-        # HEAD_LOCK without the GIL), then starts the next one.
-        if stop.is_set():
-            chain_ended.set()
-            return
-        thread = ctypes.c_ulong()
-        libc.pthread_create(ctypes.byref(thread), None, _routine, None)
-        libc.pthread_detach(thread)
-
-    _routine = start_routine(_next)
-    _next(None)
+chains = Chains(1) if how == "threads" else None
 
 
 def batches(loader: DataLoader[int], epoch: int) -> list[list[int]]:
@@ -90,9 +73,8 @@ def make(workers: int) -> DataLoader[int]:
 expected = [batches(make(0), epoch) for epoch in range(epochs)]
 loader = make(2)
 got = [batches(loader, epoch) for epoch in range(epochs)]
-stop.set()
-if how == "threads":
-    chain_ended.wait(30)
+if chains is not None:
+    chains.stop(30)
 del loader
 
 

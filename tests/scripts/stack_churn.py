@@ -23,7 +23,6 @@ attribute 'f_code'").
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import faulthandler
 import gc
 import json
@@ -32,6 +31,8 @@ import tempfile
 import threading
 import time
 
+from _native import Chains  # tests/scripts, this script's folder
+
 from unidist._progress.sampler import _StackReader
 
 seconds = float(sys.argv[1])
@@ -39,28 +40,7 @@ old = sys.argv[2:] == ["faulthandler"]
 sys.setswitchinterval(1e-6)
 gc.set_threshold(50, 5, 5)
 
-CHAINS = 2
-stop = threading.Event()
-ended = threading.Semaphore(0)
-libc = ctypes.CDLL(None)
-start_routine = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
-
-
-def _next(_: object) -> None:
-    # Runs on a new native thread, which ctypes gives a fresh Python thread state, then
-    # starts the next one.
-    if stop.is_set():
-        ended.release()  # no native thread of this chain enters Python after this one
-        return
-    thread = ctypes.c_ulong()
-    libc.pthread_create(ctypes.byref(thread), None, _routine, None)
-    libc.pthread_detach(thread)
-
-
-_routine = start_routine(_next)
-for _ in range(CHAINS):
-    _next(None)
-
+chains = Chains(2)
 reader = _StackReader()  # made by the main thread: reads its stack
 summary = {"looks": 0, "deepest": 0, "found": False}
 LINE = 0  # the line of deep's call of Garbage(), set below
@@ -128,8 +108,6 @@ while reading.is_alive():
     rounds += 1
     if rounds % 50 == 0:
         asyncio.run(awaits(10))
-stop.set()
-for _ in range(CHAINS):  # none may enter Python while the interpreter ends
-    if not ended.acquire(timeout=60):
-        summary["error"] = "a chain of native threads did not end within 60 s"
+if not chains.stop(60):  # none may enter Python while the interpreter ends
+    summary["error"] = "a chain of native threads did not end within 60 s"
 print(json.dumps(summary))
