@@ -22,7 +22,11 @@ import unidist
 folder = Path(sys.argv[1])
 unidist.initialize("gloo")
 unidist.barrier(timeout=30)
-(folder / f"pid{unidist.get_rank()}").write_text(str(os.getpid()))
+# Written aside, then renamed: the test globs for pid* while the ranks run, and must never
+# read a file that is created but not yet written.
+aside = folder / f".pid{unidist.get_rank()}"
+aside.write_text(str(os.getpid()))
+aside.replace(folder / f"pid{unidist.get_rank()}")
 deadline = time.monotonic() + 60
 while not (folder / "go").exists() and time.monotonic() < deadline:
     time.sleep(0.05)

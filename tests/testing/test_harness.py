@@ -166,7 +166,10 @@ import unidist
 from unidist.testing import run_distributed
 
 def hang(folder):
-    Path(folder, f"rank{unidist.get_rank()}.pids").write_text(f"{os.getpid()} {os.getppid()}")
+    # Written aside, then renamed: the test globs for rank*.pids while this rank runs.
+    aside = Path(folder, f"rank{unidist.get_rank()}.pids.aside")
+    aside.write_text(f"{os.getpid()} {os.getppid()}")
+    aside.replace(Path(folder, f"rank{unidist.get_rank()}.pids"))
     time.sleep(300)
 
 if __name__ == "__main__":
