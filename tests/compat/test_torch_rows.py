@@ -38,10 +38,12 @@ pytestmark = pytest.mark.multiprocess
 # -- the launcher ---------------------------------------------------------------------------------
 
 #: What each rank reports: torchrun's variables, its argv, and every row's two spellings (torch's
-#: reading of the variables, unidist's getters) of the topology and the device.
+#: reading of the variables, unidist's getters) of the topology; of the device too where the
+#: test sets ``DEVICES`` (the standalone row): reading it imports torch, seconds of CPU per rank,
+#: and no other row's options change which device a rank gets.
+DEVICES = {"ROWS_READ_DEVICES": "1"}
 RANK_SCRIPT = """
 import argparse, json, os, sys
-import torch
 import unidist
 
 parser = argparse.ArgumentParser()
@@ -65,9 +67,7 @@ ours = {
     "local_world_size": unidist.get_local_world_size(),
     "node_rank": unidist.get_node_rank(),
     "num_nodes": unidist.get_num_nodes(),
-    "device": str(unidist.device()),
 }
-ours["accelerator_device"] = ours["device"]
 theirs = {
     "local_rank": variable("LOCAL_RANK"),
     "rank": variable("RANK"),
@@ -75,20 +75,23 @@ theirs = {
     "local_world_size": variable("LOCAL_WORLD_SIZE"),
     "node_rank": variable("GROUP_RANK"),
     "num_nodes": variable("GROUP_WORLD_SIZE"),
-    "device": "cpu",
-    "accelerator_device": "cpu",
 }
-local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-if torch.cuda.is_available() and local_rank >= torch.cuda.device_count():
-    # More ranks than GPUs: torch's spelling fails (invalid device ordinal); not this row's case.
-    ours["device"] = ours["accelerator_device"] = theirs["device"] = "more ranks than GPUs"
-    theirs["accelerator_device"] = theirs["device"]
-elif torch.cuda.is_available():
-    torch.cuda.set_device(local_rank)
-    theirs["device"] = f"cuda:{torch.cuda.current_device()}"
-    torch.accelerator.set_device_index(local_rank)
-    kind = torch.accelerator.current_accelerator().type
-    theirs["accelerator_device"] = f"{kind}:{torch.accelerator.current_device_index()}"
+if os.environ.get("ROWS_READ_DEVICES") == "1":
+    import torch
+
+    ours["device"] = ours["accelerator_device"] = str(unidist.device())
+    theirs["device"] = theirs["accelerator_device"] = "cpu"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available() and local_rank >= torch.cuda.device_count():
+        # More ranks than GPUs: torch's spelling fails (invalid device ordinal); not this case.
+        ours["device"] = ours["accelerator_device"] = theirs["device"] = "more ranks than GPUs"
+        theirs["accelerator_device"] = theirs["device"]
+    elif torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        theirs["device"] = f"cuda:{torch.cuda.current_device()}"
+        torch.accelerator.set_device_index(local_rank)
+        kind = torch.accelerator.current_accelerator().type
+        theirs["accelerator_device"] = f"{kind}:{torch.accelerator.current_device_index()}"
 print(f"payload {os.environ.get('RANK')}", flush=True)
 name = os.environ.get("RANK", "plain")
 with open(os.path.join(args.out, name + ".json"), "w") as out:
@@ -218,10 +221,15 @@ def test_standalone_gives_torchruns_ranks(tmp_path: Path, nproc: int) -> None:
     unidist's getters, ``unidist.device()`` against ``torch.cuda.set_device(local_rank)``, under
     both launchers; without a launcher torch's reading raises KeyError and unidist answers a
     world of one."""
-    theirs = _ran(tmp_path, "torchrun", _torchrun, ["--standalone", "--nproc-per-node", str(nproc)])
-    standalone = _ran(tmp_path, "standalone", _unidist, ["--standalone", "-n", str(nproc)])
+    options = ["--standalone", "--nproc-per-node", str(nproc)]
+    theirs = _ran(tmp_path, "torchrun", _torchrun, options, env=DEVICES)
+    standalone = _ran(
+        tmp_path, "standalone", _unidist, ["--standalone", "-n", str(nproc)], env=DEVICES
+    )
     _assert_same_ranks(theirs, standalone, nproc)
-    plain = _ran(tmp_path, "plain", _unidist, ["-n", str(nproc)])
+    for ranks in (theirs, standalone):
+        assert all({"device", "accelerator_device"} <= set(r["torch"]) for r in ranks.values())
+    plain = _ran(tmp_path, "plain", _unidist, ["-n", str(nproc)], env=DEVICES)
     _assert_same_ranks(theirs, plain, nproc)
     _assert_the_getters_answer(plain, nproc, tmp_path)
 
@@ -291,7 +299,8 @@ def _assert_the_getters_answer(mine: Ranks, nproc: int, tmp_path: Path) -> None:
         assert got == expected
     folder = tmp_path / "no-launcher"
     folder.mkdir()
-    subprocess.run([sys.executable, str(_script(tmp_path)), str(folder)], check=True, timeout=120)
+    command = [sys.executable, str(_script(tmp_path)), str(folder)]
+    subprocess.run(command, check=True, timeout=120, env={**os.environ, **DEVICES})
     alone = json.loads((folder / "plain.json").read_text())
     assert {k: v for k, v in alone["torch"].items() if "device" not in k} == dict.fromkeys(
         ("local_rank", "rank", "world_size", "local_world_size", "node_rank", "num_nodes"),
