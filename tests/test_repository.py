@@ -137,6 +137,7 @@ def _run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize("workers", ["0", "2"])
+@pytest.mark.multiprocess
 def test_a_skip_that_is_not_allowed_fails_the_run_with_or_without_workers(
     tmp_path: Path, workers: str
 ) -> None:

@@ -41,6 +41,7 @@ def _run(*args: str, timeout: str = "1") -> tuple[subprocess.CompletedProcess[st
 
 
 @pytest.mark.parametrize("workers", ["fresh", "persistent"])
+@pytest.mark.multiprocess
 def test_a_worker_stuck_before_its_first_line_is_started_again(workers: str) -> None:
     extra = ["persistent"] if workers == "persistent" else []
     done, summary = _run("unidist", "block", "3", *extra)
@@ -54,6 +55,7 @@ def test_a_worker_stuck_before_its_first_line_is_started_again(workers: str) -> 
     assert "gh-112275" in done.stderr
 
 
+@pytest.mark.multiprocess
 def test_a_worker_that_never_starts_fails_the_loader_rather_than_hang_it() -> None:
     # Every fork stuck, the replacements too: after 4 of them (deadlines 0.5, 1, 2, 4 and 8 s)
     # the worker is killed, and torch's DataLoader raises its own error for it.
@@ -63,6 +65,7 @@ def test_a_worker_that_never_starts_fails_the_loader_rather_than_hang_it() -> No
     assert "is killed by signal: Killed" in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.multiprocess
 def test_torchs_own_loader_waits_on_the_same_worker() -> None:
     # The control: torch's DataLoader gets nothing from the stuck worker. Given timeout=5 it
     # fails at the deadline (with torch's default, 0, it would wait forever).
@@ -71,6 +74,7 @@ def test_torchs_own_loader_waits_on_the_same_worker() -> None:
     assert "DataLoader timed out after 5 seconds" in done.stderr, done.stderr[-3000:]
 
 
+@pytest.mark.multiprocess
 def test_forks_beside_threads_that_enter_python_never_hang() -> None:
     # The real thing, no hook: native threads enter Python for the first time in a loop, as gloo's
     # do after each collective. On Python <= 3.11.9 one fork in a few hundred copies CPython's

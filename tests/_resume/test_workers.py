@@ -69,6 +69,7 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("workers", ["fresh", "persistent"])
+@pytest.mark.multiprocess
 def test_a_signal_to_the_process_group_leaves_the_worker_serving(workers: str) -> None:
     rank = _start("unidist", workers)
     pids = _until_workers(rank)
@@ -80,6 +81,7 @@ def test_a_signal_to_the_process_group_leaves_the_worker_serving(workers: str) -
     assert all(_gone(pid) for pid in pids)
 
 
+@pytest.mark.multiprocess
 def test_torchs_own_loader_loses_its_worker_to_the_same_signal() -> None:
     # The control: torch's DataLoader in the same rank fails on the signal meant for the rank.
     rank = _start("torch", "fresh")
@@ -92,6 +94,7 @@ def test_torchs_own_loader_loses_its_worker_to_the_same_signal() -> None:
     assert "done" not in out
 
 
+@pytest.mark.multiprocess
 def test_the_worker_dies_with_its_rank() -> None:
     rank = _start("unidist", "persistent")
     pids = _until_workers(rank)

@@ -59,6 +59,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@pytest.mark.multiprocess
 def test_parallel_spawns_the_same_processes_as_ignites(tmp_path: Path) -> None:
     import ignite.distributed as owner
 

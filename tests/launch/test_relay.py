@@ -220,6 +220,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.multiprocess
 def test_a_node_whose_launcher_dies_is_published_as_lost(store_port: int) -> None:
     import subprocess
     import sys
