@@ -113,17 +113,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
                 item.user_properties.append((_SKIPPED_FOR, marker))
                 break
-    # The heavy tests first (benchmarks, then those that start processes), each group in file
-    # order: the run ends on tests that take milliseconds, not on one worker finishing a
-    # minute-long benchmark while the other has nothing left (a stable sort; xdist's workers
-    # all collect the same order).
-    items.sort(key=_weight)
-
-
-def _weight(item: pytest.Item) -> int:
-    if item.get_closest_marker("bench") is not None:
-        return 0
-    return 1 if item.get_closest_marker("multiprocess") is not None else 2
 
 
 def pytest_configure(config: pytest.Config) -> None:

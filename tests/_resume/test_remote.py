@@ -36,8 +36,13 @@ from test_resume import (  # noqa: E402
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
+    """One server for the whole session of this process (of each xdist worker), never a second:
+    fsspec keeps one S3 filesystem per set of options, and the endpoint comes from
+    ``AWS_ENDPOINT_URL`` rather than the options, so a server started again on another port (a
+    module-scoped fixture does, when a worker comes back to this module after another one) left
+    ``Remote`` talking to the stopped one (EndpointConnectionError in a run on 40a2b10)."""
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
