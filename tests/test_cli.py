@@ -22,7 +22,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
-@pytest.mark.multiprocess
 def test_config_json_describes_a_torchrun_rank() -> None:
     env = {
         "RANK": "3",
@@ -71,14 +70,12 @@ def test_config_marks_backends_that_cannot_run_here() -> None:
     assert "gloo (" not in line
 
 
-@pytest.mark.multiprocess
 def test_config_reports_a_malformed_environment_without_crashing() -> None:
     done = run_cli("config", env={"RANK": "abc", "WORLD_SIZE": "2"})
     assert done.returncode == 0
     assert "topology      ERROR: RANK='abc' is not an integer" in done.stdout
 
 
-@pytest.mark.multiprocess
 def test_config_says_why_the_adapter_was_chosen() -> None:
     done = run_cli("config", env={"UNIDIST_ADAPTER": "ignite"})
     assert "adapter       ignite (UNIDIST_ADAPTER=ignite)" in done.stdout

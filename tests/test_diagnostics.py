@@ -143,7 +143,6 @@ def test_probe_json_follows_the_schema() -> None:
     assert info["pick"]["backend"] is None  # one process: no process group at all
 
 
-@pytest.mark.multiprocess
 def test_probe_under_torchrun_reports_the_topology_and_backend() -> None:
     env = {
         "RANK": "1",
@@ -163,7 +162,6 @@ def test_probe_under_torchrun_reports_the_topology_and_backend() -> None:
     assert info["pick"]["backend"] == info["pick"]["backend_if_distributed"]
 
 
-@pytest.mark.multiprocess
 def test_probe_table() -> None:
     done = run_cli("probe")
     assert done.returncode == 0, done.stderr

@@ -254,7 +254,6 @@ def test_another_threads_stack_is_read_in_c_innermost_first() -> None:
         thread.finish()
 
 
-@pytest.mark.multiprocess
 def test_the_sampler_has_stopped_before_the_exit_handlers_run(tmp_path: Path) -> None:
     # A process whose sampler nobody stopped (no finish(), no failed()): at finalization the
     # running thread could be inside torch's GIL-releasing _get_sequence_number_for_group, and
@@ -281,7 +280,6 @@ def test_the_sampler_has_stopped_before_the_exit_handlers_run(tmp_path: Path) ->
     assert "at exit, sampler alive: False" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.multiprocess
 def test_reading_a_stack_survives_the_churn_that_killed_earlier_readers() -> None:
     # tests/scripts/stack_churn.py: native threads keep making thread states, the main thread
     # makes and pops frames and garbage whose finalizers run Python code, the GIL changes
