@@ -111,11 +111,14 @@ def test_a_local_rank_mismatch_fails_before_anything_starts() -> None:
 
 
 def one_epoch(workers: int) -> int:
-    from torch.utils.data import DataLoader
-
-    return sum(
-        len(batch) for batch in DataLoader(list(range(64)), batch_size=8, num_workers=workers)
-    )
+    # unidist's loader, not torch's: a worker forked while a gloo thread of the rank holds
+    # CPython's HEAD_LOCK never runs (gh-112275, Python <= 3.11.9), and torch's DataLoader waits
+    # for it forever. Forked just after initialize's collectives, a plain DataLoader's worker
+    # hung once in 95 spawns on Python 3.11.7 (the rank polling its queue, the worker asleep on a
+    # futex; a 300 s timeout in a matrix run of b33c719); unidist's starts such a worker again
+    # (unidist._resume.forks).
+    loader = unidist.StatefulDataLoader(list(range(64)), batch_size=8, num_workers=workers)
+    return sum(len(batch) for batch in loader)
 
 
 def test_dataloader_workers_run_inside_spawned_ranks() -> None:
