@@ -1,10 +1,12 @@
 """The one place for argument checks: ints, flags, choices with a suggestion, seconds.
 
 One wording everywhere: ``{name} must be {what}, got {value!r}.``, where ``name`` is what the
-user wrote (``seed``, ``DDPConfig.static_graph``, ``--timeout``), followed by a HINT where one
-helps. Checks raise :class:`~unidist.errors.ConfigurationError` (a ``ValueError``) and return
-the value normalised (an ``int`` from a numpy integer, a choice in its canonical case, seconds
-as a ``float``). On the ground floor: it imports only the errors, so every layer can use it.
+user wrote (``seed``, ``DDPConfig.static_graph``, ``--timeout``, ``UNIDIST_TIMEOUT``), followed
+by a HINT where one helps. The Python API's arguments, ``unidist launch``'s number options and
+unidist's environment variables are all checked here. Checks raise
+:class:`~unidist.errors.ConfigurationError` (a ``ValueError``) and return the value normalised
+(an ``int`` from a numpy integer, a choice in its canonical case, seconds as a ``float``). On
+the ground floor: it imports only the errors, so every layer can use it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from unidist.errors import ConfigurationError
 
 __all__ = [
     "INT64_LIMIT",
+    "YEAR",
     "check_choice",
     "check_flag",
     "check_int",
@@ -28,6 +31,9 @@ __all__ = [
 
 #: Lengths, epochs and seeds stay below this: torch and numpy index with signed 64-bit integers.
 INT64_LIMIT = 1 << 63
+#: Seconds in a year: the longest duration a check with this cap takes (a longer one is a
+#: mistake of units, and threading's waits refuse more than ``threading.TIMEOUT_MAX``).
+YEAR = 365 * 24 * 3600
 
 
 def did_you_mean(word: object, choices: Iterable[object]) -> str:
@@ -37,14 +43,24 @@ def did_you_mean(word: object, choices: Iterable[object]) -> str:
 
 
 def check_int(
-    value: object, name: str, *, minimum: int | None = None, below: int | None = None
+    value: object,
+    name: str,
+    *,
+    minimum: int | None = None,
+    below: int | None = None,
+    maximum: int | None = None,
 ) -> int:
-    """``value`` as an int (numpy integers too; bools refused), in ``[minimum, below)``."""
+    """``value`` as an int (numpy integers too; bools refused), in ``[minimum, below)`` or
+    ``[minimum, maximum]``."""
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise ConfigurationError(f"{name} must be an int, got {value!r}.")
     number = operator.index(value)  # type: ignore[arg-type]
+    if minimum is not None and maximum is not None and not minimum <= number <= maximum:
+        raise ConfigurationError(f"{name} must be from {minimum} to {maximum}, got {number}.")
     if minimum is not None and number < minimum:
         raise ConfigurationError(f"{name} must be at least {minimum}, got {number}.")
+    if maximum is not None and number > maximum:
+        raise ConfigurationError(f"{name} must be at most {maximum}, got {number}.")
     if below is not None and number >= below:
         limit = "2**63 (a signed 64-bit integer)" if below == INT64_LIMIT else str(below)
         raise ConfigurationError(f"{name} must be below {limit}, got {number}.")
@@ -71,16 +87,51 @@ def check_choice(value: object, name: str, choices: Iterable[str], *, upper: boo
     return str(normal)
 
 
-def check_seconds(value: float | timedelta, name: str = "timeout") -> float:
-    """Seconds in a ``timeout=``-like argument: a positive, finite number or a timedelta."""
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+def check_seconds(
+    value: object,
+    name: str = "timeout",
+    *,
+    timedelta_ok: bool = True,
+    zero: str | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    hint: str = "",
+) -> float:
+    """Seconds: a finite number above 0 (or a ``timedelta``, unless ``timedelta_ok`` is False),
+    at least ``minimum`` and at most ``maximum`` where given, or 0 where ``zero`` says what 0
+    means ("waits for ever", "turns it off"). ``hint`` ends the message (the fix, in the
+    caller's words: an option's or a variable's example)."""
+    seconds = value.total_seconds() if timedelta_ok and isinstance(value, timedelta) else value
     if (
-        isinstance(seconds, bool)
-        or not isinstance(seconds, int | float)
-        or not math.isfinite(seconds)
-        or not seconds > 0
-    ):
-        raise ConfigurationError(
-            f"{name} must be a positive number of seconds or a timedelta, got {value!r}."
+        not isinstance(seconds, bool)
+        and isinstance(seconds, int | float)
+        and (
+            (zero is not None and seconds == 0)
+            or (
+                seconds > 0
+                and math.isfinite(seconds)
+                and (minimum is None or seconds >= minimum)
+                and (maximum is None or seconds <= maximum)
+            )
         )
-    return float(seconds)
+    ):
+        return float(seconds)
+    what = (
+        f"a number of seconds of at least {_number(minimum)}"
+        if minimum is not None
+        else "a positive number of seconds"
+    )
+    if maximum is not None:
+        what += f" and at most {_number(maximum)}" + (" (a year)" if maximum == YEAR else "")
+    if timedelta_ok:
+        what += " or a timedelta"
+    if zero is not None:
+        what += f", or 0 ({zero})"
+    raise ConfigurationError(
+        f"{name} must be {what}, got {value!r}." + (f" HINT: {hint}" if hint else "")
+    )
+
+
+def _number(value: float) -> str:
+    """A limit as written: ``31536000``, not ``3.1536e+07``; ``0.001``."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"

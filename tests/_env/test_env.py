@@ -402,7 +402,9 @@ def test_rejects_malformed_hostlists(text: str) -> None:
 
 
 def test_settings_reject_a_bad_timeout() -> None:
-    with pytest.raises(ConfigurationError, match="UNIDIST_TIMEOUT='soon'"):
+    with pytest.raises(
+        ConfigurationError, match="UNIDIST_TIMEOUT must be a positive number of seconds, got 'soon'"
+    ):
         _env.read_settings({"UNIDIST_TIMEOUT": "soon"})
     assert _env.read_settings({"UNIDIST_TIMEOUT": "12.5", "UNIDIST_ADAPTER": "ignite"}) == (
         _env.Settings(adapter="ignite", timeout=12.5)

@@ -45,7 +45,7 @@ def _one_line(err: str) -> str:
         (["--rdzv-conf", "last_call_timeout=0"], "last_call_timeout='0' must be 1 or more"),
         (["--rdzv-conf", "is_host=maybe"], "is_host='maybe' is not a boolean"),
         (["--rdzv-conf", "store_type=redis"], "store_type='redis' is not a store type"),
-        (["--node-timeout", "0.5"], "--node-timeout 0.5"),
+        (["--node-timeout", "0.5"], "--node-timeout must be a number of seconds of at least 1"),
         (["--log-dir", "/tmp/" + "d" * 300], "is longer than the file system takes"),
     ],
 )

@@ -17,7 +17,6 @@ from unidist._checks import check_seconds
 from unidist._env import environments
 from unidist._env.environments import LAUNCHER_MARKER
 from unidist._env.topology import EnvReading
-from unidist.errors import ConfigurationError
 
 __all__ = [
     "LAUNCHER_MARKER",
@@ -82,15 +81,12 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     timeout: float | None = None
     raw = env.get("UNIDIST_TIMEOUT")
     if raw is not None:
-        try:
-            timeout = float(raw)
-        except ValueError:
-            timeout = -1.0
-        if not timeout > 0:
-            raise ConfigurationError(
-                f"UNIDIST_TIMEOUT={raw!r} is not a positive number of seconds. "
-                "HINT: set it to e.g. 300, or unset it for the default."
-            )
+        timeout = check_seconds(
+            _number(raw),
+            "UNIDIST_TIMEOUT",
+            timedelta_ok=False,
+            hint="set it to e.g. 300, or unset it for the default.",
+        )
     preload = env.get("UNIDIST_TESTING_PRELOAD")
     return Settings(
         adapter=env.get("UNIDIST_ADAPTER") or None,
@@ -119,18 +115,23 @@ def worker_start_timeout(environ: Mapping[str, str] | None = None) -> float | No
     raw = env.get(WORKER_START_TIMEOUT)
     if raw is None or not raw.strip():
         return DEFAULT_WORKER_START_TIMEOUT
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise ConfigurationError(
-            f"{WORKER_START_TIMEOUT}={raw!r} is not a number of seconds. HINT: set it to the "
-            "seconds a forked DataLoader worker gets to start (default "
-            f"{DEFAULT_WORKER_START_TIMEOUT:g}), or to 0 to wait for it as long as torch does "
-            "(forever)."
-        )
+    seconds = check_seconds(
+        _number(raw),
+        WORKER_START_TIMEOUT,
+        timedelta_ok=False,
+        zero="waits as long as torch does: for ever",
+        hint="set it to the seconds a forked DataLoader worker gets to start (default "
+        f"{DEFAULT_WORKER_START_TIMEOUT:g}).",
+    )
     return seconds or None
+
+
+def _number(raw: str) -> float | str:
+    """``raw`` as a float where it reads as one, else ``raw`` itself (shown in the error)."""
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
 
 
 def progress_file(environ: Mapping[str, str] | None = None) -> str | None:

@@ -11,6 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from unidist._checks import YEAR, check_seconds
 from unidist._migration import foreign_keywords
 from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch.plan.job import LaunchPlan
@@ -105,13 +106,11 @@ def spawn(
     from unidist.launch.supervise import runner
 
     _check_callable(fn, args)
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
     if not isinstance(nproc, int) or nproc < 1:
         raise ConfigurationError(f"spawn(nproc={nproc!r}) needs at least one process.")
     checks.check_capacity(nproc, console=console, option="spawn nproc")
     if timeout is not None:
-        checks.check_seconds(timeout, "spawn timeout")
+        timeout = check_seconds(timeout, "spawn timeout", maximum=YEAR)
     _check_call(fn, args, pass_local_rank)
     plan = LaunchPlan(
         target=None,

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from unidist import _env
+from unidist._checks import check_int, check_seconds
 from unidist._progress import record, sampler
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
 from unidist.launch.rank.runtime import STACK_SIGNAL, default_start_method, die_with_parent
@@ -207,12 +208,14 @@ def run_distributed(
         DistributedTestTimeout: the run did not finish in ``timeout`` seconds.
         DistributedTestHang: no rank made progress for ``hang_timeout`` seconds.
     """
-    if world_size < 1:
-        raise ConfigurationError(f"world_size={world_size} must be at least 1.")
-    if hang_timeout is not None and (not isinstance(hang_timeout, int | float) or hang_timeout < 0):
-        raise ConfigurationError(
-            f"hang_timeout={hang_timeout!r} must be a number of seconds, 0 to turn it off, or "
-            "None for three quarters of timeout."
+    check_int(world_size, "world_size", minimum=1)
+    if hang_timeout is not None:
+        check_seconds(
+            hang_timeout,
+            "hang_timeout",
+            timedelta_ok=False,
+            zero="turns it off",
+            hint="None (the default) gives three quarters of timeout.",
         )
     try:
         pickle.dumps((fn, args, dict(kwargs or {})))

@@ -21,6 +21,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from unidist import _checks
 from unidist.errors import ConfigurationError
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 #: The longest any time option may be: a year (0 means "for ever" where an option allows it).
-MAX_SECONDS = 365 * 24 * 3600
+MAX_SECONDS = _checks.YEAR
 #: The shortest --monitor-interval: the launcher and torch's agent poll this often.
 MIN_MONITOR_INTERVAL = 0.001
 #: The most restarts --max-restarts takes.
@@ -80,49 +81,32 @@ def check_seconds(
     value: float | None,
     option: str,
     *,
-    zero_ok: bool = False,
-    minimum: float = 0.0,
+    zero: str | None = None,
+    minimum: float | None = None,
     example: str = "30",
 ) -> None:
-    """A number of seconds: finite, above 0 (or 0, where ``zero_ok``), at most a year.
+    """A number of seconds: finite, above 0 (or 0, where ``zero`` says what it means), at most
+    a year; :func:`unidist._checks.check_seconds`, with the option's example as the HINT.
 
     Raises:
         ConfigurationError: the option, its value and its range.
     """
     if value is None:
         return
-    shown = f"{option} {value:g}" if isinstance(value, float) else f"{option} {value!r}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigurationError(
-            f"{shown} is not a finite number of seconds. HINT: give seconds such as {example}"
-            + (" (0 waits for ever)." if zero_ok else ".")
-        )
-    if zero_ok and value == 0:
-        return
-    if value <= 0 or value < minimum:
-        least = f"at least {minimum:g}" if minimum else "more than 0"
-        raise ConfigurationError(
-            f"{shown}: seconds must be {least}"
-            + (" (or 0, to wait for ever)" if zero_ok else "")
-            + f" and at most {MAX_SECONDS} (a year). HINT: e.g. {option} {example}."
-        )
-    if value > MAX_SECONDS:
-        raise ConfigurationError(
-            f"{shown} is more than a year ({MAX_SECONDS} s), the most unidist launch takes. "
-            + (
-                f"HINT: {option} 0 waits for ever."
-                if zero_ok
-                else f"HINT: e.g. {option} {example}."
-            )
-        )
+    _checks.check_seconds(
+        value,
+        option,
+        timedelta_ok=False,
+        zero=zero,
+        minimum=minimum,
+        maximum=MAX_SECONDS,
+        hint=f"e.g. {option} {example}" + (f"; {option} 0 {zero}." if zero else "."),
+    )
 
 
 def _count(value: int | None, option: str, low: int, high: int | None = None) -> None:
-    if value is None:
-        return
-    if value < low or (high is not None and value > high):
-        bound = f"from {low} to {high}" if high is not None else f"{low} or more"
-        raise ConfigurationError(f"{option} {value} is out of range: it must be {bound}.")
+    if value is not None:
+        _checks.check_int(value, option, minimum=low, maximum=high)
 
 
 def hang_timeout(value: str | None, source: str) -> float | None:
@@ -140,7 +124,7 @@ def hang_timeout(value: str | None, source: str) -> float | None:
             f"{source} {value!r} is neither 'auto' nor a number of seconds. HINT: e.g. "
             f"{source} 300, {source} 0 to turn hang detection off, or {source} auto."
         ) from None
-    check_seconds(seconds, source, zero_ok=True, example="300")
+    check_seconds(seconds, source, zero="turns hang detection off", example="300")
     return seconds
 
 
@@ -176,7 +160,7 @@ def check_numbers(args: argparse.Namespace) -> None:
     check_seconds(args.timeout, "--timeout")
     check_seconds(args.grace, "--grace", example="3")
     check_seconds(args.shutdown_timeout, "--shutdown-timeout", example="3")
-    check_seconds(args.exit_timeout, "--exit-timeout", zero_ok=True, example="600")
+    check_seconds(args.exit_timeout, "--exit-timeout", zero="waits for ever", example="600")
     check_seconds(args.node_timeout, "--node-timeout", minimum=1, example="6")
     check_seconds(
         args.monitor_interval, "--monitor-interval", minimum=MIN_MONITOR_INTERVAL, example="0.1"
