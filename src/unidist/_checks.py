@@ -117,12 +117,12 @@ def check_seconds(
     ):
         return float(seconds)
     what = (
-        f"a number of seconds of at least {_number(minimum)}"
+        f"a number of seconds of at least {_limit(minimum)}"
         if minimum is not None
         else "a positive number of seconds"
     )
     if maximum is not None:
-        what += f" and at most {_number(maximum)}" + (" (a year)" if maximum == YEAR else "")
+        what += f" and at most {_limit(maximum)}" + (" (a year)" if maximum == YEAR else "")
     if timedelta_ok:
         what += " or a timedelta"
     if zero is not None:
@@ -132,6 +132,6 @@ def check_seconds(
     )
 
 
-def _number(value: float) -> str:
+def _limit(value: float) -> str:
     """A limit as written: ``31536000``, not ``3.1536e+07``; ``0.001``."""
     return str(int(value)) if float(value).is_integer() else f"{value:g}"

@@ -82,7 +82,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
     raw = env.get("UNIDIST_TIMEOUT")
     if raw is not None:
         timeout = check_seconds(
-            _number(raw),
+            _float_or_text(raw),
             "UNIDIST_TIMEOUT",
             timedelta_ok=False,
             hint="set it to e.g. 300, or unset it for the default.",
@@ -116,7 +116,7 @@ def worker_start_timeout(environ: Mapping[str, str] | None = None) -> float | No
     if raw is None or not raw.strip():
         return DEFAULT_WORKER_START_TIMEOUT
     seconds = check_seconds(
-        _number(raw),
+        _float_or_text(raw),
         WORKER_START_TIMEOUT,
         timedelta_ok=False,
         zero="waits as long as torch does: for ever",
@@ -126,7 +126,7 @@ def worker_start_timeout(environ: Mapping[str, str] | None = None) -> float | No
     return seconds or None
 
 
-def _number(raw: str) -> float | str:
+def _float_or_text(raw: str) -> float | str:
     """``raw`` as a float where it reads as one, else ``raw`` itself (shown in the error)."""
     try:
         return float(raw)
