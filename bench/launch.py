@@ -12,7 +12,8 @@ the median time from the failure to the launcher's exit, and the exit code each 
 must not import torch for it (goal: no slower than torchrun). A run that has not finished after
 60 s is counted as hung and its whole process group is killed (torch 2.7's gloo destructor can
 deadlock at exit, pytorch PR #154976).
-The third table times one DataLoader epoch with one worker in this process, inside a rank of
+The third table times one epoch of ``unidist.StatefulDataLoader`` (torch's DataLoader, its
+workers watched) with one worker in this process, inside a rank of
 ``unidist launch`` (bench/scripts/epoch.py), of ``unidist.spawn``, and of ``unidist.spawn`` with
 workers started by the spawn method (what ``unidist.spawn`` gave before issue 12, and what the
 ranks of Ignite's ``Parallel`` give).
@@ -90,11 +91,17 @@ def once(command: list[str], fail: str | None) -> tuple[float | None, int, float
 
 
 def one_epoch(context: str | None = None) -> float:
-    """Seconds for one epoch of a tiny dataset through a DataLoader with one worker."""
-    from torch.utils.data import DataLoader
+    """Seconds for one epoch of a tiny dataset through a DataLoader with one worker.
+
+    unidist's loader, in every row: a plain DataLoader's worker forked in a rank beside gloo's
+    threads can wait forever before its first line (CPython gh-112275, Python <= 3.11.9; once in
+    95 forks just after initialize), and the test command runs this in ``unidist.spawn`` ranks.
+    unidist's watches the workers it forks (unidist._resume.forks) and starts such one again.
+    """
+    import unidist
 
     started = time.perf_counter()
-    loader = DataLoader(
+    loader = unidist.StatefulDataLoader(
         list(range(64)), batch_size=8, num_workers=1, multiprocessing_context=context
     )
     assert sum(len(batch) for batch in loader) == 64

@@ -26,6 +26,8 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
+from unidist._resume.workers import starting_workers
+
 Case = Callable[[Any, int, str], Any]
 
 #: Warnings of the owner's code on a newer torch, not behaviour to keep: Ignite 0.5.5 indexes
@@ -65,6 +67,18 @@ def outcome(case: Case, module: Any, rank: int, workdir: str) -> Any:
 
 
 def batches(loader: DataLoader[Any]) -> list[list[int]]:
+    """One pass's batches as lists of ints.
+
+    An owner's plain DataLoader with workers is read under the watch unidist's loaders keep on
+    the workers they fork: Ignite's loader forks one per rank here, beside gloo's threads just
+    after a barrier, and such a worker can wait forever before its first line (CPython gh-112275,
+    Python <= 3.11.9; once in 95 forks just after initialize). The watch starts it again with the
+    same arguments and queues: the batches are the loader's own.
+    """
+    if type(loader) is DataLoader and loader.num_workers and not loader.persistent_workers:
+        with starting_workers(loader) as started:
+            iterator = started(loader._get_iterator())
+        return [[int(i) for i in batch] for batch in iterator]
     return [[int(i) for i in batch] for batch in loader]
 
 
