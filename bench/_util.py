@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import statistics
 from collections.abc import Sequence
@@ -13,6 +14,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def no_framework_preload() -> None:
+    """This benchmark's ``run_distributed`` ranks use no framework: its fork server imports
+    torch and unidist only, not also Composer and Ignite where they are installed (about 4 s of
+    CPU each time a benchmark starts one; the figures are per call, after the start). A value
+    the caller gave ``UNIDIST_TESTING_PRELOAD`` stands."""
+    os.environ.setdefault("UNIDIST_TESTING_PRELOAD", "")
 
 
 def median(values: Sequence[float]) -> float:

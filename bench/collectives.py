@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import median, table
+from _util import median, no_framework_preload, table
 
 SIZES = {"1 element": 1, "1 MiB": 262_144}  # float32
 
@@ -120,6 +120,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=31)
     parser.add_argument("--quick", action="store_true", help="3 rounds (a smoke run)")
     args = parser.parse_args()
+    no_framework_preload()
     if args.quick:
         args.rounds = 3
     from unidist.testing import run_distributed

@@ -42,6 +42,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
+from _util import no_framework_preload
 
 import unidist
 from unidist import lifecycle, sync
@@ -347,6 +348,7 @@ def main() -> int:
     parser.add_argument("--old-max", type=int, default=256, help="largest W for the old protocol")
     parser.add_argument("--quick", action="store_true", help="small worlds, few calls")
     args = parser.parse_args()
+    no_framework_preload()
     worlds = [2, 8, 32] if args.quick else [int(w) for w in args.worlds.split(",")]
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # three descriptors per client

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import free_port, median, table
+from _util import free_port, median, no_framework_preload, table
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
@@ -205,6 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (the test command)")
     args = parser.parse_args()
+    no_framework_preload()
     runs, collective, hang = (1, 10.0, 3.0) if args.quick else (3, 60.0, 10.0)
     blocks, steps = (3, 200) if args.quick else (20, 500)
     nodes, polls = (16, 20) if args.quick else (125, 200)

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _util import no_framework_preload
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -198,6 +199,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=48, help="timed steps per contender")
     parser.add_argument("--quick", action="store_true", help="a few steps only")
     args = parser.parse_args()
+    no_framework_preload()
     rounds = 6 if args.quick else args.rounds
     batch = args.batch if args.batch is not None else 64 if args.quick else 256
     budgets = [budget for budget in (1, 7, 32, 100) if budget < batch - 1] + [batch - 1]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _util import median, table
+from _util import median, no_framework_preload, table
 
 STEPS_PER_BLOCK = 50
 WIDTH = 512  # two 512x512 layers: about 2 MiB of weights, 4 MiB with SGD's momentum
@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="3 rounds (a smoke run)")
     args = parser.parse_args()
+    no_framework_preload()
     if args.quick:
         args.rounds = 3
     from unidist.testing import run_distributed

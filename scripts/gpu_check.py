@@ -139,7 +139,9 @@ def step_cuda_gloo(simulate: bool) -> tuple[str, str]:
     script = Path(os.environ.get("TMPDIR", "/tmp"), f"unidist-gpu-check-{os.getpid()}.py")
     script.write_text(CUDA_GLOO.format(where="cpu" if simulate else "cuda:0"))
     try:
-        code, out = run([sys.executable, str(script)], 240)
+        # Its ranks use no framework: the fork server need not import Composer and Ignite.
+        preload = {"UNIDIST_TESTING_PRELOAD": os.environ.get("UNIDIST_TESTING_PRELOAD", "")}
+        code, out = run([sys.executable, str(script)], 240, preload)
     finally:
         script.unlink(missing_ok=True)
     return ("PASS" if code == 0 else "FAIL"), last_lines(out, 1 if code == 0 else 4)
