@@ -12,7 +12,7 @@ import contextlib
 import os
 import random
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +75,11 @@ def batches(loader: DataLoader[Any]) -> list[list[int]]:
     Python <= 3.11.9; once in 95 forks just after initialize). The watch starts it again with the
     same arguments and queues: the batches are the loader's own.
     """
+    passes: Iterable[Any] = loader
     if type(loader) is DataLoader and loader.num_workers and not loader.persistent_workers:
-        with starting_workers(loader) as started:
-            iterator = started(loader._get_iterator())
-        return [[int(i) for i in batch] for batch in iterator]
-    return [[int(i) for i in batch] for batch in loader]
+        with starting_workers(loader) as started:  # as unidist.StatefulDataLoader makes its own
+            passes = started(loader._get_iterator())
+    return [[int(i) for i in batch] for batch in passes]
 
 
 @contextlib.contextmanager
