@@ -26,6 +26,9 @@ except ModuleNotFoundError:  # Python 3.10
 
 import unidist
 
+#: The same on every torch and framework: scripts/test runs these in the pinned environment only.
+pytestmark = pytest.mark.repository
+
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(unidist.__file__).resolve().parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The same on every torch and framework: scripts/test runs these in the pinned environment only.
+pytestmark = pytest.mark.repository
 
 
 def _hook_entries() -> list[str]:
