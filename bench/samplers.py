@@ -1,6 +1,6 @@
 """One rank's epoch of indices: unidist's samplers against torch's, Composer's and Ignite's.
 
-    python bench/samplers.py --quick   # N = 10^5 only: checks that it runs (the test command)
+    python bench/samplers.py --quick   # N = 10^5, one process: checks that it runs (test command)
     python bench/samplers.py           # N = 10^7 and 10^8 (the peers need ~5-9 GB and minutes)
 
 For each dataset size N, rank 0 of world size 8 draws one full epoch of shuffled indices from
@@ -138,19 +138,32 @@ def _worker(kind: str, length: int) -> dict[str, Any]:
     }
 
 
-def _measure(kind: str, length: int, timeout: float) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--worker", kind, str(length)]
+def _workers(kinds: list[str], length: int) -> dict[str, dict[str, Any]]:
+    """``_worker`` of each kind in turn, in this process; a kind that fails gets its error."""
+    results: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        try:
+            results[kind] = _worker(kind, length)
+        except Exception as exc:  # the row says it; the others still run
+            results[kind] = {"error": f"{type(exc).__name__}: {exc}"}
+    return results
+
+
+def _measure(kinds: list[str], length: int, timeout: float) -> dict[str, dict[str, Any]]:
+    """Each kind's measurement, taken in one fresh subprocess (one kind each, for the figures)."""
+    command = [sys.executable, __file__, "--worker", ",".join(kinds), str(length)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads for every contender
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, env=env, check=False
         )
     except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
+        return {kind: {"error": f"timed out after {timeout:.0f} s"} for kind in kinds}
     if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["exit " + str(done.returncode)])[-1]}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+        error = (done.stderr.strip().splitlines() or ["exit " + str(done.returncode)])[-1]
+        return {kind: {"error": error} for kind in kinds}
+    results: dict[str, dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -169,13 +182,15 @@ def _ratio(peer: dict[str, Any] | None, ours: dict[str, Any], key: str, floor: f
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 10^5 only (a smoke run)")
+    parser.add_argument(
+        "--quick", action="store_true", help="N = 10^5 only, one process (a smoke run)"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
     parser.add_argument("--only", nargs="*", help="contender keys to run (default: all)")
     parser.add_argument("--worker", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(_worker(args.worker[0], int(args.worker[1]))))
+        print(json.dumps(_workers(args.worker[0].split(","), int(args.worker[1]))))
         return 0
 
     sizes = [10**5] if args.quick else [10**7, 10**8, 10**9]
@@ -186,12 +201,22 @@ def main() -> int:
     rows = [[*header, "faster", "faster (cpu)", "less memory"]]
     results: dict[str, Any] = {}
     for length in sizes:
+        kinds = [kind for kind in chosen.values() if length < 10**9 or kind in huge]
         measured: dict[str, dict[str, Any]] = {}
+        if args.quick:
+            # A smoke run: every contender's code path once, all in one subprocess (a fresh
+            # process each costs a torch import, 2 s of CPU, nine times); peak memory is then
+            # not each one's own, and the figures are not read.
+            print(f"measuring {len(kinds)} samplers at N={length:.0e} ...", file=sys.stderr)
+            measured = _measure(kinds, length, args.timeout)
+        else:
+            for name, kind in chosen.items():
+                if kind in kinds:
+                    print(f"measuring {name} at N={length:.0e} ...", file=sys.stderr, flush=True)
+                    measured.update(_measure([kind], length, args.timeout))
         for name, kind in chosen.items():
-            if length >= 10**9 and kind not in huge:
+            if kind not in measured:
                 continue
-            print(f"measuring {name} at N={length:.0e} ...", file=sys.stderr, flush=True)
-            measured[kind] = _measure(kind, length, args.timeout)
             got = measured[kind]
             if "error" in got:
                 rows.append(
