@@ -202,18 +202,13 @@ def main() -> int:
     results: dict[str, Any] = {}
     for length in sizes:
         kinds = [kind for kind in chosen.values() if length < 10**9 or kind in huge]
+        # A process of its own per contender, so that its peak memory is its own; a smoke run
+        # runs every contender's code path in one (a fresh process costs a torch import, 2 s of
+        # CPU, nine times), and its figures are not read.
         measured: dict[str, dict[str, Any]] = {}
-        if args.quick:
-            # A smoke run: every contender's code path once, all in one subprocess (a fresh
-            # process each costs a torch import, 2 s of CPU, nine times); peak memory is then
-            # not each one's own, and the figures are not read.
-            print(f"measuring {len(kinds)} samplers at N={length:.0e} ...", file=sys.stderr)
-            measured = _measure(kinds, length, args.timeout)
-        else:
-            for name, kind in chosen.items():
-                if kind in kinds:
-                    print(f"measuring {name} at N={length:.0e} ...", file=sys.stderr, flush=True)
-                    measured.update(_measure([kind], length, args.timeout))
+        for group in [kinds] if args.quick else [[kind] for kind in kinds]:
+            print(f"measuring {', '.join(group)} at N={length:.0e} ...", file=sys.stderr)
+            measured.update(_measure(group, length, args.timeout))
         for name, kind in chosen.items():
             if kind not in measured:
                 continue
