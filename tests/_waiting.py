@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -44,3 +46,44 @@ def join_store_threads(timeout: float) -> None:
     for thread in threading.enumerate():
         if thread.name in ("unidist-store-connect", "unidist-launch-relay"):
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def wait_stopped(pid: int, what: str) -> None:
+    """Return once ``/proc`` shows every thread of ``pid`` stopped (the store serves from one).
+
+    ``kill`` only queues a SIGSTOP: on a busy machine a thread may run on a moment longer, long
+    enough to answer a client that connects at once (the matrix once saw that connection succeed
+    where the test expects it to fail).
+    """
+
+    def every_thread_stopped() -> bool:
+        try:
+            states = [
+                t.read_text().rsplit(")", 1)[1].split()[0]
+                for t in Path(f"/proc/{pid}/task").glob("*/stat")
+            ]
+        except FileNotFoundError:  # a thread ended meanwhile: look again
+            return False
+        return all(state == "T" for state in states)
+
+    wait_for(every_thread_stopped, 10, f"{what} to stop")
+
+
+def stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once it is stopped."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_stopped(pid, f"every thread of {pid}")
+
+
+def signal_pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` waits, sent but not yet handled, for process ``pid`` (a stopped one).
+
+    ``kill`` to a process queues the signal in the process's shared set (``ShdPnd``); one sent to
+    a thread lands in its own (``SigPnd``). Both are hexadecimal masks, bit ``signum - 1``.
+    """
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    masks = [line.split()[1] for line in status.splitlines() if line[:7] in ("SigPnd:", "ShdPnd:")]
+    return any(int(mask, 16) >> (signum - 1) & 1 for mask in masks)

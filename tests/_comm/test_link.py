@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import unidist
-from tests._waiting import join_store_threads, wait_for
+from tests._waiting import join_store_threads, stop, wait_for, wait_stopped
 from unidist._comm import listen
 from unidist._comm.control import ControlPlane
 from unidist._comm.link import UNANSWERED_BOUND, connect_within
@@ -62,33 +62,6 @@ def host() -> Iterator[tuple[subprocess.Popen[str], int]]:
         child.kill()  # also a stopped one
         child.communicate(timeout=10)  # reaps it and closes the pipes
         join_store_threads(10)
-
-
-def wait_stopped(pid: int, what: str) -> None:
-    """Return once ``/proc`` shows every thread of ``pid`` stopped (the store serves from one).
-
-    ``kill`` only queues a SIGSTOP: on a busy machine a thread may run on a moment longer, long
-    enough to answer a client that connects at once (the matrix once saw that connection succeed
-    where the test expects it to fail).
-    """
-
-    def every_thread_stopped() -> bool:
-        try:
-            states = [
-                t.read_text().rsplit(")", 1)[1].split()[0]
-                for t in Path(f"/proc/{pid}/task").glob("*/stat")
-            ]
-        except FileNotFoundError:  # a thread ended meanwhile: look again
-            return False
-        return all(state == "T" for state in states)
-
-    wait_for(every_thread_stopped, 10, f"{what} to stop")
-
-
-def stop(pid: int) -> None:
-    """SIGSTOP ``pid`` and return once it is stopped."""
-    os.kill(pid, signal.SIGSTOP)
-    wait_stopped(pid, f"every thread of {pid}")
 
 
 def in_threads(planes: list[ControlPlane], body: Any) -> list[Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests._waiting import wait_for
+from tests._waiting import signal_pending, stop, wait_for
 from tests.launch.helpers import assert_nothing_left, c10d, free_port, pids_of, start_launch
 from unidist.launch.rank.runtime import STACK_SIGNAL
 
@@ -27,10 +27,10 @@ SAMPLES, GLOBAL_BATCH, EPOCHS = 480, 8, 2
 STEPS = SAMPLES // GLOBAL_BATCH * EPOCHS
 
 
-def reads(folder: Path) -> list[dict[str, Any]]:
+def reads(folder: Path, pattern: str = "reads-*.jsonl") -> list[dict[str, Any]]:
     """Every line of every rank's reads log (a rank may be writing its last line: skipped)."""
     lines = []
-    for path in folder.glob("reads-*.jsonl"):
+    for path in folder.glob(pattern):
         for line in path.read_text().splitlines():
             try:
                 lines.append(json.loads(line))
@@ -41,6 +41,28 @@ def reads(folder: Path) -> list[dict[str, Any]]:
 
 def steps_on(folder: Path, world: int) -> int:
     return len({line["step"] for line in reads(folder) if line["world"] == world})
+
+
+def last_step(folder: Path, world: int) -> int:
+    return max(line["step"] for line in reads(folder) if line["world"] == world)
+
+
+def trainer(folder: Path, log_dir: Path, world: int) -> int:
+    """The pid of the rank that the launcher logging to ``log_dir`` started in ``world``."""
+    ours = set(pids_of(log_dir))
+    pids = [
+        pid
+        for path in folder.glob("reads-*.jsonl")
+        if (pid := int(path.stem.rsplit("-p", 1)[1])) in ours
+        and any(line["world"] == world for line in reads(folder, path.name))
+    ]
+    assert len(pids) == 1, f"one rank of {log_dir.name} trains in a world of {world}: {pids}"
+    return pids[0]
+
+
+def resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
 
 
 def committed(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -77,12 +99,29 @@ def test_a_node_joins_and_one_dies_mid_epoch_and_every_sample_is_read_once(
     elastic = ["--rdzv-conf", "last_call_timeout=1", "--max-restarts", "3", "-n", "1"]
     weights = ["--weights", str(tmp_path / "weights.json")]
     first = start_launch(*c10d(port, "1:2", tmp_path / "a", *elastic), *job, *weights)
-    second = None
+    second, held = None, []
     try:
         wait_for(lambda: steps_on(record, 1) >= 15, 120, "node A to train 15 steps alone")
+        # Node A's rank waits, stopped, until node B has joined: however long B takes to start,
+        # A cannot train the epochs alone meanwhile. The join shows as the SIGTERM that torch's
+        # agent sends it (pending while it is stopped); continued, it saves at that step.
+        held.append(alone := trainer(record, tmp_path / "a", 1))
+        stop(alone)
         second = start_launch(*c10d(port, "1:2", tmp_path / "b", *elastic), *job)
+        wait_for(lambda: signal_pending(alone, signal.SIGTERM), 180, "node B's join to stop node A")
+        resume(alone)
         wait_for(lambda: steps_on(record, 2) >= 15, 120, "nodes A and B to train 15 steps")
+        # Node B dies mid-epoch, after a step that no save covers (saves come every 5th): A's
+        # rank is held while B goes, and a collective needs both, so nothing moves meanwhile.
+        held.append(joined := trainer(record, tmp_path / "a", 2))
+        stop(joined)
+        while (last := last_step(record, 2)) % 5 == 0:
+            resume(joined)
+            wait_for(lambda n=last: last_step(record, 2) > n, 120, f"the joined step {last + 1}")
+            stop(joined)
         second.kill()  # node B dies: no signal, no checkpoint of its own
+        second.communicate(timeout=30)
+        resume(joined)
         try:
             out, err = first.communicate(timeout=300)
         except subprocess.TimeoutExpired:
@@ -90,6 +129,8 @@ def test_a_node_joins_and_one_dies_mid_epoch_and_every_sample_is_read_once(
             out, err = first.communicate(timeout=30)
             pytest.fail(f"node A did not finish within 300 s after node B died:\n{err[-5000:]}")
     finally:
+        for pid in held:
+            resume(pid)
         for launcher in (first, second):
             if launcher is not None:
                 launcher.kill()
