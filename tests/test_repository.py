@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -174,10 +175,70 @@ def test_a_failed_install_leaves_no_stamp_so_the_next_run_installs_again(tmp_pat
         f"ensure_venv {venv} probe some-package || echo 'install failed'; "
         f"ensure_venv {venv} probe some-package && echo 'install ok'"
     )
+    env = {**os.environ, "UNIDIST_INSTALLER": "pip"}  # the stand-in answers pip's command line
     done = subprocess.run(
-        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+        ["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env
     )
     assert "install failed" in done.stdout, done.stdout + done.stderr
     assert "install ok" in done.stdout, done.stdout + done.stderr
     assert done.stdout.count("pip install") == 2, done.stdout  # the second run installed again
     assert (venv / ".unidist-stamp").exists()  # written by the install that succeeded
+
+
+def _installer_given(tmp_path: Path, pip_config: str) -> str:
+    """What scripts/_venv.sh chooses, and tells uv, where ``pip config list`` prints this."""
+    bin_dir = tmp_path / ".venv-uv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (tmp_path / ".venv-uv" / ".unidist-stamp").write_text(
+        re.search(r"^uv==\S+", (ROOT / "constraints-tools.txt").read_text(), re.M)[0] + "\n"
+    )
+    (tmp_path / "constraints-tools.txt").write_text((ROOT / "constraints-tools.txt").read_text())
+    python = bin_dir / "python"  # a stand-in: only `python -m pip config list` is asked of it
+    python.write_text(f"#!/bin/sh\ncat <<'EOF'\n{pip_config}EOF\n")
+    python.chmod(0o755)
+    script = (
+        f'source {ROOT / "scripts" / "_venv.sh"}; choose_installer; echo "installer=$_installer"; '
+        '[ $_installer = pip ] || printf \'%s\\n\' "${_uv_args[@]}" "${_uv_env[@]}"'
+    )
+    env = {k: v for k, v in os.environ.items() if k != "UNIDIST_INSTALLER"}
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_uv_is_told_pips_indexes_constraints_and_certificate(tmp_path: Path) -> None:
+    said = _installer_given(
+        tmp_path,
+        "global.extra-index-url='file:///a/simple file:///b/simple'\n"
+        "global.constraint='/etc/caps.txt'\n"
+        ":env:.find-links='/opt/wheels'\n"
+        "global.cert='/etc/ca.crt'\n"
+        ":env:.default-timeout='180'\n"
+        ":env:.disable-pip-version-check='1'\n",
+    )
+    assert said.splitlines() == [
+        "installer=uv",
+        "--index-strategy",
+        "unsafe-best-match",  # pip's rule: the best version on any index
+        "--compile-bytecode",  # as pip does
+        "--extra-index-url",
+        "file:///a/simple",
+        "--extra-index-url",
+        "file:///b/simple",
+        "--constraint",
+        "/etc/caps.txt",
+        "--find-links",
+        "/opt/wheels",
+        "SSL_CERT_FILE=/etc/ca.crt",
+        "UV_HTTP_TIMEOUT=180",
+    ]
+
+
+def test_a_pip_setting_uv_is_not_told_of_leaves_the_installing_to_pip(tmp_path: Path) -> None:
+    said = _installer_given(
+        tmp_path, "global.index-url='https://mirror/simple'\nglobal.proxy='http://p:3128'\n"
+    )
+    assert "[setup] pip installs: pip's setting global.proxy='http://p:3128' has no uv" in said
+    assert said.splitlines()[-1] == "installer=pip"
