@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +92,62 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_version() -> None:
     done = run_cli("--version")
     assert done.stdout.startswith("unidist ")
+
+
+# A daemon thread inside torch's store client (connect_within's: its connect cannot be
+# interrupted) when the command returns. Finalization would end it with pthread_exit as it comes
+# back (Python 3.13 and older; CPython gh-87135), and in a load run that aborted a launcher
+# through torch's C++ frames (SIGABRT instead of its status). The command leaves without the
+# teardown instead: the atexit handler, which a finalized interpreter runs, never writes its mark.
+LINGERING = """
+import atexit, sys, threading
+from datetime import timedelta
+from pathlib import Path
+import torch.distributed as dist
+import unidist.cli as cli
+
+atexit.register(Path(sys.argv[2]).write_text, "finalized")
+
+def connect():
+    try:
+        dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timedelta(seconds=60))
+    except Exception:
+        pass
+
+def main():
+    threading.Thread(target=connect, daemon=True).start()
+    return 3
+
+cli.main = main
+cli.run()
+"""
+
+
+@pytest.mark.multiprocess
+def test_the_command_leaves_with_its_status_while_a_thread_is_inside_torch(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    mark = tmp_path / "mark"
+    with socket.socket() as refusing:  # bound, never listening: the connect retries, refused
+        refusing.bind(("127.0.0.1", 0))
+        port = str(refusing.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-c", LINGERING, port, str(mark)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert not mark.exists(), "the interpreter was finalized with the thread inside torch"
+
+
+def test_without_a_daemon_thread_the_command_exits_as_usual(tmp_path: Path) -> None:
+    mark = tmp_path / "mark"
+    program = LINGERING.replace("threading.Thread(target=connect, daemon=True).start()", "pass")
+    done = subprocess.run(
+        [sys.executable, "-c", program, "1", str(mark)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert mark.read_text() == "finalized"

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from unidist.errors import LaunchError, UnidistError
 
@@ -153,6 +153,29 @@ def _finish(report: Report) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(report.exit_code)
+
+
+def run() -> NoReturn:
+    """The ``unidist`` command's process: :func:`main`, then leave with its exit status.
+
+    A launch that ended by a :class:`~unidist.errors.LaunchError` (the rendezvous store lost,
+    torch's agent broke) returns here, where :func:`_finish` would have left: a daemon thread
+    may still be inside torch's store client, whose connect cannot be interrupted
+    (``unidist._comm.link.connect_within``). On Python 3.13 and older, interpreter finalization
+    ends such a thread with ``pthread_exit`` when it next takes the GIL; unwinding through
+    torch's C++ frames then aborts the process (SIGABRT, "terminate called without an active
+    exception"; CPython gh-87135, whose threads hang instead from 3.14), and the status is lost:
+    a load run of the suite saw it on a launcher whose rendezvous host left. With a daemon
+    thread alive the process leaves as :func:`_finish` does: streams flushed, no teardown.
+    """
+    import threading
+
+    code = main()
+    if any(thread.daemon and thread.is_alive() for thread in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
