@@ -150,9 +150,14 @@ def _finish(report: Report) -> None:
     summary = report.format()  # a failure, or a success after restarts; nothing otherwise
     if summary:
         print(summary, file=sys.stderr, end="")
+    _leave(report.exit_code)
+
+
+def _leave(code: int) -> NoReturn:
+    """Leave with ``code`` now: streams flushed, no interpreter teardown."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(report.exit_code)
+    os._exit(code)
 
 
 def run() -> NoReturn:
@@ -172,9 +177,7 @@ def run() -> NoReturn:
 
     code = main()
     if any(thread.daemon and thread.is_alive() for thread in threading.enumerate()):
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        _leave(code)
     sys.exit(code)
 
 
