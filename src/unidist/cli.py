@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
 from unidist.errors import LaunchError, UnidistError
+from unidist.launch.leaving import leave_now
 
 if TYPE_CHECKING:
     from unidist.launch.plan.options import CommandParser
@@ -150,14 +150,7 @@ def _finish(report: Report) -> None:
     summary = report.format()  # a failure, or a success after restarts; nothing otherwise
     if summary:
         print(summary, file=sys.stderr, end="")
-    _leave(report.exit_code)
-
-
-def _leave(code: int) -> NoReturn:
-    """Leave with ``code`` now: streams flushed, no interpreter teardown."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_now(report.exit_code)
 
 
 def run() -> NoReturn:
@@ -177,7 +170,7 @@ def run() -> NoReturn:
 
     code = main()
     if any(thread.daemon and thread.is_alive() for thread in threading.enumerate()):
-        _leave(code)
+        leave_now(code)
     sys.exit(code)
 
 

@@ -8,7 +8,8 @@
   output, ``relay`` speaks with the other nodes' launchers, ``exits`` decodes exit codes.
 * :mod:`~unidist.launch.rank`: what runs inside each rank (``bootstrap``, ``runtime``).
 * ``rendezvous``, ``onenode``: rendezvous options and unidist's one-node rendezvous backend.
-* ``records``, ``printing``: the files ranks write and the launcher reads; escaped display.
+* ``records``, ``printing``, ``leaving``: the files ranks write and the launcher reads; escaped
+  display; leaving a process at once (flushed, no teardown).
 * ``spawn``: :func:`unidist.spawn`, the top floor (it plans, supervises and runs ranks).
 
 A room imports only from the rooms below it (pyproject.toml's ``launch-rooms`` contract).

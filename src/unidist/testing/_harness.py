@@ -39,6 +39,7 @@ from unidist import _env
 from unidist._checks import check_int, check_seconds
 from unidist._progress import record, sampler
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
+from unidist.launch.leaving import leave_now
 from unidist.launch.rank.runtime import STACK_SIGNAL, default_start_method, die_with_parent
 
 __all__ = [
@@ -588,9 +589,7 @@ def _worker(job: _Job) -> None:
         if outcome.ok:
             outcome = _Outcome(False, error="unidist.finalize() failed:\n" + traceback.format_exc())
     _write_outcome(job, outcome)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if outcome.ok else 1)
+    leave_now(0 if outcome.ok else 1)
 
 
 def _run_job(job: _Job, unidist: Any) -> _Outcome:

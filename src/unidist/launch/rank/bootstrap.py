@@ -5,7 +5,8 @@ or module as ``__main__``, as ``python SCRIPT`` or ``python -m MODULE`` would, a
 :func:`unidist.launch.rank.runtime.prepare_rank`, and records how it ended. An uncaught exception is
 printed without this file's and runpy's frames (and without the ``[rankN]:`` prefix torch's
 excepthook would add: the launcher's console prefixes every line already); the exit status is
-1, as for any uncaught exception. A failing rank exits at once (see ``_exit_now``). With
+1, as for any uncaught exception. A failing rank exits at once
+(:func:`unidist.launch.leaving.leave_now`). With
 ``--exec`` (``unidist launch --no-python``) the rank is prepared and then replaced by PROGRAM.
 """
 
@@ -19,6 +20,7 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
+from unidist.launch.leaving import leave_now
 from unidist.launch.rank.runtime import prepare_rank, record_done, record_error
 
 _USAGE = (
@@ -54,29 +56,14 @@ def main(argv: list[str]) -> int:
         if not isinstance(exc.code, int):
             with contextlib.suppress(Exception):  # as Python does for sys.exit("message")
                 print(exc.code, file=sys.stderr)
-        _exit_now(exc.code if isinstance(exc.code, int) else 1)
+        leave_now(exc.code if isinstance(exc.code, int) else 1)
     except BaseException as exc:
         record_error(exc)
         with contextlib.suppress(Exception):  # the script may have closed stderr
             traceback.print_exception(type(exc), exc, _user_frames(exc.__traceback__))
-        _exit_now(1)
+        leave_now(1)
     record_done()
     return 0
-
-
-def _exit_now(code: int) -> None:
-    """Leave at once after a failure: flush output and logs, skip the interpreter's teardown.
-
-    The other ranks learn of the failure when this process's sockets close, so every moment
-    spent tearing down delays them; and tearing down torch 2.7's gloo groups can deadlock. A
-    stream the script closed or broke must not stop the exit (a flush would raise).
-    """
-    import logging
-
-    for step in (logging.shutdown, sys.stdout.flush, sys.stderr.flush):
-        with contextlib.suppress(Exception):  # nothing more can be done for a broken stream
-            step()
-    os._exit(code)
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
