@@ -10,12 +10,12 @@ the wrapping, for the ``model.module`` of scripts written for several processes.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from unidist import _frameworks
+from unidist._loaded import loaded_classes
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -268,12 +268,9 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
 def _wrapped(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module ``model`` wraps, or None when it is not one of ``_WRAPPERS``."""
     for module_name, class_name, attribute in _WRAPPERS:
-        # A wrapper's module is imported before any of its instances exists, so a module not yet
-        # imported means no such wrapper, and unwrapping imports nothing (torch.distributed and
-        # torch._dynamo cost seconds to import, and are missing from some builds).
-        module = sys.modules.get(module_name)
-        wrapper = getattr(module, class_name, None) if module is not None else None
-        if wrapper is not None and isinstance(model, wrapper):
+        # Unwrapping imports nothing (torch.distributed and torch._dynamo cost seconds to
+        # import, and are missing from some builds): see unidist._loaded.
+        if isinstance(model, loaded_classes(module_name, class_name)):
             inner: torch.nn.Module = getattr(model, attribute)
             return inner
     return None

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from unidist._loaded import loaded_classes
 from unidist._microbatch.averaging import by_kind, unflatten_into
 from unidist.errors import ConfigurationError
 
@@ -153,8 +154,7 @@ def inspect_model(model: object) -> ModelView:
 
 
 def _is_fsdp(model: torch.nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - torch without distributed support
-        return False
-    return any(isinstance(m, FSDPModule | FullyShardedDataParallel) for m in model.modules())
+    # FSDP's classes only if it is imported (no model can be sharded by it otherwise): importing
+    # it costs a second of CPU, and torch builds without distributed support lack it.
+    sharded = loaded_classes("torch.distributed.fsdp", "FSDPModule", "FullyShardedDataParallel")
+    return bool(sharded) and any(isinstance(m, sharded) for m in model.modules())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from unidist._loaded import loaded_classes
 from unidist._workarounds import GLOO_NO_AVG_ALL_REDUCE
 from unidist.errors import ConfigurationError
 from unidist.parallel._checks import wrap_classes
@@ -94,13 +95,12 @@ def wrap(
 
 def _refuse_wrapped(model: Any) -> None:
     import torch
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
     wrappers = (
         torch.nn.parallel.DistributedDataParallel,
         torch.nn.DataParallel,
-        FullyShardedDataParallel,
-        FSDPModule,
+        # FSDP's classes only if it is imported: no model can be sharded by it otherwise.
+        *loaded_classes("torch.distributed.fsdp", "FullyShardedDataParallel", "FSDPModule"),
     )
     if not isinstance(model, torch.nn.Module):
         raise ConfigurationError(f"expected a torch.nn.Module, got {type(model).__name__}.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from unidist._loaded import loaded_classes
 from unidist._workarounds import GLOO_AVG_SUMS
 from unidist.parallel.strategies import MESH_DIM_NAMES
 
@@ -46,12 +47,15 @@ def correct_gloo_averaging(model: torch.nn.Module) -> bool | None:
     Returns:
         None when ``model`` has no FSDP2 units yet, else whether the correction was installed.
     """
-    from torch.distributed.fsdp import FSDPModule
+    # FSDP2's class only if it is imported: a model it has not sharded imports nothing here.
+    sharded = loaded_classes("torch.distributed.fsdp", "FSDPModule")
+    units: list[Any] = [module for module in model.modules() if isinstance(module, sharded)]
+    if not units:
+        return None
     from torch.distributed.tensor import DTensor
 
-    units = [module for module in model.modules() if isinstance(module, FSDPModule)]
     mesh = next((p.device_mesh for p in model.parameters() if isinstance(p, DTensor)), None)
-    if not units or mesh is None:
+    if mesh is None:
         return None
     names = mesh.mesh_dim_names or ()
     dim = names.index(_SHARD_DIM_NAME) if _SHARD_DIM_NAME in names else 0
