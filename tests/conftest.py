@@ -34,6 +34,12 @@ _LAUNCHER_VARIABLE = re.compile(
 #: inductor cache folder when it first compiles and the elastic signal list when an agent runs.
 _SET_BY_TORCH = frozenset({"TORCHINDUCTOR_CACHE_DIR", "TORCHELASTIC_SIGNALS_TO_HANDLE"})
 
+# torch 2.7 starts a pool of inductor compile workers (a process per core, 2 s of CPU each)
+# the first time torch._inductor is imported, as torch.compile(model) does before any call;
+# torch 2.14 starts none until it compiles. No test runs a compiled model (unwrap_model's tests
+# only wrap one), so neither the suite's processes nor their children start the pool.
+os.environ.setdefault("TORCH_WARM_POOL", "0")
+
 
 def _cuda_devices() -> int:
     import torch

@@ -20,16 +20,21 @@ from unidist.testing import check_adapter
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multiprocess
 
+#: The examples run end to end on the torch users install, the newest (scripts/test runs the
+#: tests marked so in the latest environment only; what they call is tested on every torch).
+#: Composer's run in the pinned environment, the only one with Composer.
+NEWEST = pytest.mark.newest_torch
+
 #: example -> (marks, samples per epoch, whether every sample is read in an epoch)
 EXAMPLES: dict[str, tuple[list[pytest.MarkDecorator], int, bool]] = {
-    "train": ([], 4096, True),
-    "microbatch": ([], 2048, True),
-    "custom_adapter": ([], 1024, True),
+    "train": ([NEWEST], 4096, True),
+    "microbatch": ([NEWEST], 2048, True),
+    "custom_adapter": ([NEWEST], 1024, True),
     "composer_trainer": ([pytest.mark.composer], 512, True),
     # drop_last=True, as in Ignite's cifar10: 1024 // 64 * 64 samples, each once.
-    "ignite_cifar10": ([pytest.mark.ignite], 1024, True),
-    "ddp_tutorial": ([], 1024, True),
-    "elastic": ([], 480, True),
+    "ignite_cifar10": ([pytest.mark.ignite, NEWEST], 1024, True),
+    "ddp_tutorial": ([NEWEST], 1024, True),
+    "elastic": ([NEWEST], 480, True),
 }
 
 #: Arguments an example needs besides ``--record DIR`` ("{record}" is DIR).
@@ -146,6 +151,7 @@ def plain_torch(source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@NEWEST
 def test_the_ddp_tutorial_gives_plain_torchs_results_bit_for_bit(tmp_path: Path) -> None:
     twin = tmp_path / "plain_torch.py"
     twin.write_text(plain_torch((ROOT / "examples" / "ddp_tutorial.py").read_text()))
@@ -183,6 +189,7 @@ def _one_process(tmp_path: Path, label: str, *args: str) -> dict[str, Any]:
     return result
 
 
+@NEWEST
 def test_the_ddp_tutorial_resumes_from_its_snapshot_exactly(tmp_path: Path) -> None:
     # One process, no launcher: 4 epochs straight, or 2 and then 2 more from the snapshot.
     straight_snapshot = str(tmp_path / "straight.pt")
@@ -196,6 +203,7 @@ def test_the_ddp_tutorial_resumes_from_its_snapshot_exactly(tmp_path: Path) -> N
     assert resumed["weights"] == straight["weights"]
 
 
+@NEWEST
 def test_the_elastic_example_stopped_and_resumed_ends_with_the_same_weights(
     tmp_path: Path,
 ) -> None:

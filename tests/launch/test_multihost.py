@@ -154,8 +154,19 @@ def c10d_form(hosts: Hosts, port: int, node: int) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("wait", ["barrier", "allreduce"])
-@pytest.mark.parametrize("form", [static_form, c10d_form], ids=["static", "c10d"])
+FULL_PRODUCT = pytest.mark.full_product
+
+
+@pytest.mark.parametrize(
+    ("form", "wait"),
+    [
+        # Each rendezvous and each wait once on the newest torch; every pair on the pinned one.
+        pytest.param(static_form, "barrier", id="static-barrier"),
+        pytest.param(static_form, "allreduce", id="static-allreduce", marks=FULL_PRODUCT),
+        pytest.param(c10d_form, "barrier", id="c10d-barrier", marks=FULL_PRODUCT),
+        pytest.param(c10d_form, "allreduce", id="c10d-allreduce"),
+    ],
+)
 def test_a_failure_on_one_host_stops_the_job_on_every_host(
     hosts: Hosts, tmp_path: Path, wait: str, form: Callable[[Hosts, int, int], list[str]]
 ) -> None:
