@@ -436,10 +436,14 @@ def all_kinds(rounds: int) -> tuple[list[Json], int]:
         seen.append(only_one(step))
     plane = lifecycle.session_for("test").comm.plane
     assert plane is not None
+    # Rank 0 counts once every rank is back from its last call (a gloo barrier writes no key):
+    # the first rank to arrive at a call deletes the outcome two calls back after its arrival
+    # is counted, so the last one can conclude, and rank 0 return, before that delete lands (17
+    # keys instead of 16 in a matrix run of 7f3578c beside two busy processes).
+    dist.barrier()
     keys = plane._store.num_keys() if rank == 0 else 0
-    # The others wait (in gloo, which writes no key) until rank 0 has counted: a rank that went
-    # on to finalize touched the store meanwhile (17 keys instead of 16 in a matrix run of
-    # 40b48f0 on 3 workers).
+    # The others wait until rank 0 has counted: a rank that went on to finalize touched the
+    # store meanwhile (17 keys instead of 16 in a matrix run of 40b48f0 on 3 workers).
     dist.barrier()
     return seen, keys
 
