@@ -1,4 +1,4 @@
-"""``unidist._loaded``: isinstance tests that import nothing, and the seconds they save a rank."""
+"""``unidist._loaded``: isinstance tests that import nothing, and the FSDP imports they spare."""
 
 from __future__ import annotations
 

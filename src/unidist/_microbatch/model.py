@@ -157,4 +157,4 @@ def _is_fsdp(model: torch.nn.Module) -> bool:
     # FSDP's classes only if it is imported (no model can be sharded by it otherwise): importing
     # it costs a second of CPU, and torch builds without distributed support lack it.
     sharded = loaded_classes("torch.distributed.fsdp", "FSDPModule", "FullyShardedDataParallel")
-    return bool(sharded) and any(isinstance(m, sharded) for m in model.modules())
+    return any(isinstance(m, sharded) for m in model.modules())
