@@ -1,7 +1,8 @@
 """The one slot of process-global state: the active session and the cached environment.
 
 Only the slot: :func:`install` publishes a finished session (:func:`unidist.initialize` builds it
-first), :func:`published` reads it, :func:`reset` forgets everything (tests). Rank getters read
+first), :func:`published` reads it, :func:`reset` forgets everything (tests); what the layers
+above keep per session ends with it through :func:`at_session_end`. Rank getters read
 :func:`effective_reading`, which is cheap (no torch import when no process group can exist). Finding
 the session a collective runs on, adopting a process group that someone else created, is
 :func:`unidist.lifecycle.session_for`, one layer up: this module calls nothing above it.
@@ -13,7 +14,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Session",
+    "at_session_end",
     "check_against_live_group",
     "GroupGuard",
     "effective_reading",
@@ -39,6 +41,7 @@ __all__ = [
     "published",
     "reset",
     "serial_session",
+    "session_ending",
     "torch_group_is_live",
 ]
 
@@ -121,6 +124,8 @@ groups = GroupGuard()
 _session: Session | None = None
 _serial: Session | None = None
 _reading: EnvReading | None = None
+#: What runs when a session ends (:func:`at_session_end`), in the order registered.
+_at_end: list[Callable[[], None]] = []
 
 
 def env_reading() -> EnvReading:
@@ -142,6 +147,24 @@ def install(new: Session | None) -> None:
     global _session
     with lock:
         _session = new
+
+
+def at_session_end(callback: Callable[[], None]) -> None:
+    """Call ``callback()`` whenever a session ends, before the adapter ends the process group.
+
+    For what a layer above keeps per session (``unidist.compat``'s groups made from lists of
+    ranks), so that the core ends it without importing that layer. A callback must not raise;
+    registering the same one again does nothing.
+    """
+    with lock:
+        if callback not in _at_end:
+            _at_end.append(callback)
+
+
+def session_ending() -> None:
+    """Run the :func:`at_session_end` callbacks (the teardown of ``unidist.finalize`` does)."""
+    for callback in tuple(_at_end):
+        callback()
 
 
 def torch_group_is_live() -> bool:

@@ -5,7 +5,10 @@ UnidistError
 ├── ConfigurationError (ValueError)        bad argument or setting; the message names the fix
 │   ├── TopologyError                      malformed or contradictory launcher environment
 │   ├── DeviceUnavailableError             the device's runtime (driver, package) is missing
-│   └── AdapterNotFoundError (LookupError) no adapter of that name is registered
+│   ├── AdapterNotFoundError (LookupError) no adapter of that name is registered
+│   ├── ConfigurationTypeError (TypeError)           ┐ refused where the owner of a borrowed
+│   ├── ConfigurationRuntimeError (RuntimeError)     │ name raises that type (unidist.compat),
+│   └── ConfigurationAttributeError (AttributeError) ┘ so both `except` clauses still work
 ├── AdapterUnavailableError (ImportError)  the adapter's framework is missing (has `pip_hint`)
 ├── NotInitializedError (RuntimeError)     several processes but no process group yet
 ├── DistributedTimeoutError (TimeoutError) a wait ran out of time; names what it waited for
@@ -30,7 +33,10 @@ __all__ = [
     "AdapterNotFoundError",
     "AdapterUnavailableError",
     "CheckpointError",
+    "ConfigurationAttributeError",
     "ConfigurationError",
+    "ConfigurationRuntimeError",
+    "ConfigurationTypeError",
     "DeviceUnavailableError",
     "DistributedTimeoutError",
     "LaunchError",
@@ -75,6 +81,30 @@ class DeviceUnavailableError(ConfigurationError):
 
 class AdapterNotFoundError(ConfigurationError, LookupError):
     """No adapter is registered under the requested name."""
+
+
+class ConfigurationTypeError(ConfigurationError, TypeError):
+    """A refused argument where the owner of the name (Ignite, Composer, torch) raises TypeError.
+
+    Raised by ``unidist.compat``: a value of a type the call cannot take (a list to Composer's
+    ``all_gather``, a dataset without ``len()``, an object pickle refuses with a TypeError).
+    """
+
+
+class ConfigurationRuntimeError(ConfigurationError, RuntimeError):
+    """A refused argument where the owner of the name raises RuntimeError.
+
+    Raised by ``unidist.compat`` where torch's communication library refuses the call: a
+    ``src`` that is not a rank of the world, a bitwise reduction of floating-point values.
+    """
+
+
+class ConfigurationAttributeError(ConfigurationError, AttributeError):
+    """A refused argument where the owner of the name raises AttributeError.
+
+    Raised by ``unidist.compat``: a model that is not a ``torch.nn.Module``, an object pickle
+    refuses with an AttributeError (a local function or class).
+    """
 
 
 class AdapterUnavailableError(UnidistError, ImportError):

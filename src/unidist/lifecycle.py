@@ -373,9 +373,11 @@ def finalize() -> None:
 
 
 def _teardown(session: Session) -> None:
-    """Stop what ``session`` started: its control group, and the process group if it owns it."""
+    """Stop what ``session`` started: its control group, what the layers above keep for it
+    (:func:`unidist._state.at_session_end`), and the process group if it owns it."""
     with _state.groups.closing():  # no other thread holds a group while they are destroyed
         session.comm.close()
+        _state.session_ending()
         session.adapter.finalize()
 
 

@@ -3,7 +3,8 @@
 Every case of tests/compat/_cases.py runs through ``composer.utils.dist`` and through the
 shim, on the same inputs, in one process and on two gloo ranks (first before the process
 group exists, then with it); results, their types, warnings and error types must match,
-except the rows the migration page marks as deliberate (``COMPOSER_DELIBERATE``).
+except the rows the migration page marks as deliberate (``COMPOSER_DELIBERATE``). Where unidist
+refuses an input, its error is also of Composer's type (``COMPOSER_BOTH_TYPES``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from unidist.testing import run_distributed
 pytestmark = pytest.mark.composer
 
 NAMES = [*_cases.COMPOSER_UNINITIALIZED, *_cases.COMPOSER]
-PAIRS = [(world, name) for world in (1, 2) for name in NAMES]
+PAIRS = [(world, name) for world in (1, 2) for name in NAMES] + [
+    (1, name) for name in _cases.COMPOSER_ONE_PROCESS
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,3 +49,18 @@ def test_deliberate_differences_are_real_differences(
     for name in _cases.COMPOSER_DELIBERATE:
         owner, shim = outcomes[2][0][name]
         assert owner != shim, f"{name}: the shim now does what Composer does; drop it from the list"
+
+
+@pytest.mark.parametrize("name", _cases.COMPOSER_BOTH_TYPES)
+def test_a_refusal_is_unidists_error_and_of_composers_type(
+    outcomes: dict[int, list[dict[str, Any]]], name: str
+) -> None:
+    # A ported script's `except RuntimeError` (TypeError, ...) catches it, and so does
+    # `except unidist.ConfigurationError`.
+    _cases.assert_both_types(outcomes[2], name)
+
+
+def test_an_unpicklable_object_is_refused_with_pickles_type(
+    outcomes: dict[int, list[dict[str, Any]]],
+) -> None:
+    _cases.assert_both_types(outcomes[1], "broadcast_object_list/unpicklable")

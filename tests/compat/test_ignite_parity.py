@@ -3,7 +3,8 @@
 Every case of tests/compat/_cases.py runs through ``ignite.distributed`` and through the shim,
 on the same inputs, in one process (Ignite's serial model) and on two gloo ranks; results,
 their types, warnings and error types must match, except the rows the migration page marks
-as deliberate (``IGNITE_DELIBERATE``).
+as deliberate (``IGNITE_DELIBERATE``). Where unidist refuses an input, its error is also of
+Ignite's type (``IGNITE_BOTH_TYPES``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def test_deliberate_differences_are_real_differences(
     for name in _cases.IGNITE_DELIBERATE:
         owner, shim = outcomes[1][0][name]
         assert owner != shim, f"{name}: the shim now does what Ignite does; drop it from the list"
+
+
+@pytest.mark.parametrize("name", _cases.IGNITE_BOTH_TYPES)
+def test_a_refusal_is_unidists_error_and_of_ignites_type(
+    outcomes: dict[int, list[dict[str, Any]]], name: str
+) -> None:
+    # A ported script's `except RuntimeError` (TypeError, ...) catches it, and so does
+    # `except unidist.ConfigurationError`.
+    _cases.assert_both_types(outcomes[2], name)
 
 
 def _free_port() -> int:

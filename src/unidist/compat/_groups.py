@@ -1,21 +1,29 @@
-"""The owners' ``group=`` arguments (a list of ranks, a torch ProcessGroup) as unidist Groups."""
+"""The owners' ``group=`` arguments (a list of ranks, a torch ProcessGroup) as unidist Groups.
+
+Both kinds are kept for the session they were made in: when it ends (``unidist.finalize()``),
+the groups made from lists are destroyed and the users' groups let go, so a list given after a
+re-initialize makes a group of the new process group.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch.distributed as dist
 
 import unidist
+from unidist import _state
 from unidist.groups import Group
 
-__all__ = ["as_group"]
+__all__ = ["as_group", "remember"]
 
 #: Groups made from Ignite's lists of ranks, by ranks: Ignite makes a new process group at
 #: every call; one per list is the same collective contract (every rank passes the same list)
 #: without a process group leaked per call.
 _FROM_RANKS: dict[tuple[int, ...], Any] = {}
-#: unidist Groups wrapping torch ProcessGroups the user made (Composer passes those).
+#: unidist Groups wrapping torch ProcessGroups the user made (Composer passes those), and those
+#: Ignite's ``new_group`` gave out (:func:`remember`), by the torch group's id.
 _FROM_TORCH: dict[int, tuple[Any, Group]] = {}
 
 
@@ -76,3 +84,24 @@ def _refuse(group: object, what: str, lists: bool) -> ValueError:
         f"Argument group should be {takes}, got {type(group)}, group={group!r:.80} (in {what}; "
         "a unidist Group works too). HINT: group=unidist.new_group(ranks), built on every rank."
     )
+
+
+def _end_of_session() -> None:
+    """Destroy the groups made from lists (nobody else holds them) and let go of the others.
+
+    A session of a process group that unidist did not start leaves that group alive, so the
+    groups made from lists would live on with it; the users' own groups are theirs to destroy.
+    """
+    made = list(_FROM_RANKS.values())
+    _FROM_RANKS.clear()
+    _FROM_TORCH.clear()
+    for group in made:
+        for handle in {id(h): h for h in (group.handle, group.control)}.values():
+            if isinstance(handle, dist.ProcessGroup):
+                # Already gone with the whole process group, or never registered: the session
+                # ends regardless (a callback of the teardown must not raise).
+                with contextlib.suppress(Exception):
+                    dist.destroy_process_group(handle)
+
+
+_state.at_session_end(_end_of_session)

@@ -30,6 +30,8 @@ import torch.utils.data
 
 import unidist
 from unidist.compat._groups import as_group
+from unidist.compat._refusals import check_bitwise, check_sized, checked_src, pickles_type
+from unidist.errors import ConfigurationError, ConfigurationTypeError
 
 __all__ = [
     "MissingEnvironmentError",
@@ -179,6 +181,29 @@ def _group(group: Any, what: str) -> Any:
     return as_group(group, what, lists=False)
 
 
+#: What to use instead of a tensor collective, for a value that is not a tensor.
+_OBJECTS = {
+    "all_reduce": "unidist.all_reduce(value) also takes a number and returns the result",
+    "broadcast": "broadcast_object_list([obj], src) sends any picklable object",
+    "all_gather": "all_gather_object(obj) gathers any picklable object",
+}
+
+
+def _tensor(tensor: Any, what: str) -> None:
+    """torch's check of a collective's tensor: Composer's collectives work on it in place."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ConfigurationTypeError(
+            f"{what} takes a torch.Tensor, which it changes in place, got "
+            f"{type(tensor).__name__} {tensor!r:.40} (Composer's raises TypeError here, in "
+            f"torch). HINT: pass a tensor; {_OBJECTS[what]}."
+        )
+
+
+def _src(src: Any, group: Any, what: str) -> int:
+    """``src`` checked as torch checks it (against the world when there is no ``group``)."""
+    return checked_src(src, get_world_size() if group is None else None, what)
+
+
 def barrier(group: Any = None) -> None:
     """Wait for every rank of ``group`` (with unidist's deadline, naming who did not arrive)."""
     if _serial("barrier"):
@@ -194,6 +219,9 @@ def all_reduce(tensor: torch.Tensor, reduce_operation: str = "SUM", group: Any =
 
     Raises:
         AttributeError: a name that is not one of torch's ``ReduceOp`` (Composer's type).
+        unidist.errors.ConfigurationTypeError: ``tensor`` is not a tensor (a TypeError).
+        unidist.errors.ConfigurationRuntimeError: BAND or BOR of a floating-point tensor (a
+            RuntimeError, torch's).
     """
     op = str(reduce_operation).upper()
     if op not in _OPS and not hasattr(dist.ReduceOp, op):
@@ -204,8 +232,11 @@ def all_reduce(tensor: torch.Tensor, reduce_operation: str = "SUM", group: Any =
         )
     if _serial("all_reduce"):
         return
+    _tensor(tensor, "all_reduce")
     chosen = _group(group, "all_reduce")
     if op in _OPS:
+        if chosen is None or get_global_rank() in chosen.ranks:  # torch skips an outsider
+            check_bitwise(_OPS[op], tensor, "all_reduce")
         unidist.all_reduce(tensor, op=_OPS[op], group=chosen)
         return
     # Not one of unidist's reductions: torch's own, on the same group, as Composer does.
@@ -213,9 +244,18 @@ def all_reduce(tensor: torch.Tensor, reduce_operation: str = "SUM", group: Any =
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: Any = None) -> None:
-    """Overwrite ``tensor`` on every rank with global rank ``src``'s, in place."""
+    """Overwrite ``tensor`` on every rank with global rank ``src``'s, in place.
+
+    Raises:
+        unidist.errors.ConfigurationTypeError: ``tensor`` is not a tensor, or ``src`` not an
+            int (TypeErrors, torch's).
+        unidist.errors.ConfigurationRuntimeError: ``src`` is not a rank of the world (a
+            RuntimeError, torch's).
+    """
     if _serial("broadcast"):
         return
+    _tensor(tensor, "broadcast")
+    src = _src(src, group, "broadcast")
     unidist.broadcast(tensor, src=src, group=_group(group, "broadcast"))
 
 
@@ -224,6 +264,11 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = Non
 
     Raises:
         TypeError: ``object_list`` is not a list (it is filled in place).
+        unidist.errors.ConfigurationTypeError: ``src`` is not an int, or pickle refuses an
+            object with a TypeError.
+        unidist.errors.ConfigurationRuntimeError: ``src`` is not a rank of the world.
+        unidist.errors.ConfigurationAttributeError: pickle refuses an object with an
+            AttributeError (a local function or class).
     """
     if not isinstance(object_list, list):
         raise TypeError(
@@ -233,7 +278,11 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = Non
         )
     if _serial("broadcast_object_list"):
         return
-    sent = unidist.broadcast_object(list(object_list), src, group=_group(group, "broadcast"))
+    src = _src(src, group, "broadcast_object_list")
+    try:
+        sent = unidist.broadcast_object(list(object_list), src, group=_group(group, "broadcast"))
+    except ConfigurationError as exc:
+        raise pickles_type(exc) from exc.__cause__
     if len(sent) != len(object_list):
         raise ValueError(
             f"broadcast_object_list: rank {src} sent {len(sent)} objects into a list of "
@@ -243,17 +292,31 @@ def broadcast_object_list(object_list: list[Any], src: int = 0, group: Any = Non
 
 
 def all_gather(tensor: torch.Tensor, group: Any = None) -> Sequence[torch.Tensor]:
-    """Every rank's ``tensor`` (same shape on each), as a list indexed by rank."""
+    """Every rank's ``tensor`` (same shape on each), as a list indexed by rank.
+
+    Raises:
+        unidist.errors.ConfigurationTypeError: ``tensor`` is not a tensor (a TypeError).
+    """
     if _serial("all_gather"):
         return [tensor]
+    _tensor(tensor, "all_gather")
     return unidist.all_gather(tensor, group=_group(group, "all_gather"))
 
 
 def all_gather_object(obj: T, group: Any = None) -> list[T]:
-    """Every rank's ``obj``, as a list indexed by rank."""
+    """Every rank's ``obj``, as a list indexed by rank.
+
+    Raises:
+        unidist.errors.ConfigurationAttributeError: pickle refuses ``obj`` with an
+            AttributeError (a local function or class); ``ConfigurationTypeError`` with a
+            TypeError (a lock).
+    """
     if _serial("all_gather_object"):
         return [obj]
-    return unidist.all_gather_object(obj, group=_group(group, "all_gather_object"))
+    try:
+        return unidist.all_gather_object(obj, group=_group(group, "all_gather_object"))
+    except ConfigurationError as exc:
+        raise pickles_type(exc) from exc.__cause__
 
 
 def all_gather_object_list_hpu(object_list: list[Any], obj: Any, group: Any = None) -> None:
@@ -277,7 +340,12 @@ def get_sampler(
 
     A :class:`unidist.DistributedSampler` (a subclass of torch's), so it also resumes through
     ``state_dict()``.
+
+    Raises:
+        unidist.errors.ConfigurationTypeError: ``dataset`` has no ``len()`` (a TypeError, as
+            torch's sampler raises; unidist's own ``get_sampler`` also takes a length).
     """
+    check_sized(dataset, "get_sampler")
     return unidist.get_sampler(
         dataset,  # type: ignore[arg-type]  # a sized dataset, as torch's sampler needs
         shuffle=shuffle,

@@ -35,6 +35,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 import unidist
 from unidist.compat._groups import as_group, remember
+from unidist.compat._refusals import check_bitwise, check_sized, checked_src, pickles_type
+from unidist.errors import ConfigurationAttributeError, ConfigurationError
 from unidist.groups import Group
 
 __all__ = [
@@ -464,6 +466,8 @@ def all_reduce(
     Raises:
         TypeError: neither a tensor nor a number.
         ValueError: an op Ignite does not take (exact case), or a bad ``group``.
+        unidist.errors.ConfigurationRuntimeError: AND or OR of floating-point values (a
+            RuntimeError, torch's).
     """
     if _serial():
         return tensor
@@ -486,6 +490,7 @@ def all_reduce(
             stacklevel=2,
         )
         return tensor
+    check_bitwise(_OPS[op], tensor, "all_reduce")
     if isinstance(tensor, torch.Tensor):
         return _on_device(lambda t: unidist.all_reduce(t, op=_OPS[op], group=chosen), tensor)
     reduced = unidist.all_reduce(_to_tensor(tensor), op=_OPS[op], group=chosen)
@@ -499,6 +504,11 @@ def all_gather(
 
     A 0-d tensor gathers into a tensor of shape ``(world_size,)``; other objects are gathered
     with ``all_gather_object`` into a list. A rank outside ``group`` gets its value back.
+
+    Raises:
+        unidist.errors.ConfigurationAttributeError: pickle refuses the object with an
+            AttributeError (a local function or class); ``ConfigurationTypeError`` with a
+            TypeError (a lock).
     """
     if _serial():
         return tensor if isinstance(tensor, torch.Tensor) else [tensor]
@@ -509,7 +519,10 @@ def all_gather(
         return _on_device(lambda t: _cat(t, chosen), tensor)
     if isinstance(tensor, Number):
         return cast(list[float], _cat(_to_tensor(tensor), chosen).tolist())
-    return unidist.all_gather_object(tensor, group=chosen)
+    try:
+        return unidist.all_gather_object(tensor, group=chosen)
+    except ConfigurationError as exc:
+        raise pickles_type(exc) from exc.__cause__
 
 
 def _cat(tensor: torch.Tensor, group: Group | None) -> torch.Tensor:
@@ -558,6 +571,8 @@ def broadcast(
     Raises:
         TypeError: a value Ignite cannot broadcast (a list, a dict, ...).
         ValueError: ``None`` on the source, or ``None`` elsewhere without ``safe_mode``.
+        unidist.errors.ConfigurationRuntimeError: ``src`` is not a rank of the world (a
+            RuntimeError, torch's); ``ConfigurationTypeError`` when it is not an int.
     """
     if _serial():  # Ignite's serial model returns any value but None as it is
         if tensor is None:
@@ -574,6 +589,7 @@ def broadcast(
             raise ValueError("Source data can not be None")
         if not safe_mode:
             raise ValueError("Argument safe_mode should be True if None is passed for non src rank")
+    src = checked_src(src, get_world_size(), "broadcast")
     if safe_mode:
         tensor = _placeholder(tensor, src, rank == src)
     if isinstance(tensor, Number):
@@ -746,6 +762,7 @@ def _distributed(dataset: Dataset[Any], kwargs: dict[str, Any], world: int) -> S
             )
         return sampler
     if sampler is None:
+        check_sized(dataset, "auto_dataloader")  # torch's DistributedSampler, in Ignite's
         shuffle = kwargs.pop("shuffle", True)
         return unidist.DistributedSampler(
             cast(Any, dataset), num_replicas=world, rank=rank, shuffle=shuffle, order="torch"
@@ -757,7 +774,17 @@ def auto_model(model: torch.nn.Module, sync_bn: bool = False, **kwargs: Any) -> 
     """Ignite's ``auto_model``: on the device, DDP with several ranks (``kwargs`` go to DDP).
 
     In one process with several GPUs, ``DataParallel`` (as Ignite).
+
+    Raises:
+        unidist.errors.ConfigurationAttributeError: ``model`` is not a ``torch.nn.Module`` (an
+            AttributeError, as Ignite's reading its parameters).
     """
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigurationAttributeError(
+            f"auto_model: {type(model).__name__!r} object has no attribute 'parameters': "
+            f"expected a torch.nn.Module, got {type(model).__name__} {model!r:.40} (Ignite's "
+            "raises AttributeError here). HINT: pass the model itself, built before the call."
+        )
     if _serial() and torch.cuda.device_count() > 1:
         return torch.nn.DataParallel(model.to(device()), **kwargs)
     return unidist.auto_model(model, sync_batchnorm=sync_bn, **kwargs)
