@@ -333,7 +333,9 @@ def attach_resumable(engine: Any, state: ResumableState) -> None:
     * ``STARTED``: restore the latest checkpoint and set the engine's ``epoch`` and
       ``iteration`` from it, so Ignite runs the rest of the interrupted epoch (the loader yields
       exactly the batches not yet trained, on however many ranks the restart has) and then the
-      epochs left of ``max_epochs``;
+      epochs left of ``max_epochs``. A checkpoint of an epoch's last iteration (a stop there, or
+      a ``save_every`` that divides the epoch) leaves no batch of its epoch: Ignite begins the
+      next epoch;
     * ``EPOCH_STARTED``: the loader's ``set_epoch`` (Ignite never calls it);
     * ``ITERATION_COMPLETED``: :meth:`~unidist.ResumableState.step` (saves when due; on a stop,
       every rank saves that step and leaves by the signal);
@@ -365,10 +367,10 @@ def attach_resumable(engine: Any, state: ResumableState) -> None:
     def started(engine: Any) -> None:
         state.restore()
         if state.steps:
-            # Ignite's epochs count from 1 and are incremented as each one begins; its
-            # iteration counts every batch trained, from which it finds where in the epoch it is.
-            engine.state.epoch = state.epoch
+            # Ignite's epoch counts the epochs done (it adds one as each begins); its iteration
+            # counts every batch trained, from which it finds where in the epoch it is.
             engine.state.iteration = state.steps
+            engine.state.epoch = state.epoch + _epoch_done(engine.state.dataloader, state.loader)
 
     def epoch_started(engine: Any) -> None:
         state.epoch = engine.state.epoch - 1
@@ -383,6 +385,21 @@ def attach_resumable(engine: Any, state: ResumableState) -> None:
     engine.add_event_handler(Events.EPOCH_COMPLETED, lambda _: state.end_epoch())
     engine.add_event_handler(Events.COMPLETED, closed)
     engine.add_event_handler(Events.TERMINATE, closed)
+
+
+def _epoch_done(data: Any, loader: Any) -> int:
+    """1 when the restored data has no batch left of its epoch, else 0.
+
+    A checkpoint of an epoch's last iteration is at the end of that epoch, not inside it: the
+    engine must begin the next one. Told it is inside, Ignite would find the data empty before
+    the epoch's length and iterate it again, which reads the same epoch from its start (the
+    sampler's epoch changes only through ``set_epoch``). ``data`` is what ``engine.run``
+    iterates; ``loader`` (the state's) answers when ``data`` has no ``len()``.
+    """
+    for candidate in (data, loader):
+        with contextlib.suppress(TypeError):  # no len(): ask the next one
+            return int(len(candidate) == 0)
+    return 0
 
 
 def native_sampler(request: SamplerRequest) -> torch.utils.data.DistributedSampler[Any]:
