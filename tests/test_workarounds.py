@@ -1,29 +1,36 @@
 """Each torch bug unidist works around: the workaround works where the bug exists, and where it is
 not applied (a fixed torch) the bug is absent. Which of the two runs depends on the installed
 torch, so the pinned environment (torch 2.7) and the latest one (the newest torch) cover both.
+The CPython bug's gate is checked here on every side; its workaround in tests/_resume/test_forks.py.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import unidist
+from unidist import _workarounds
 from unidist._workarounds import (
+    FORK_HEAD_LOCK,
     GLOO_AVG_SUMS,
     GLOO_NO_AVG_ALL_REDUCE,
     GLOO_TEARDOWN_DEADLOCK,
     LIBUV_STORE_LISTEN_FD,
+    PYTHON_BUGS,
     STATIC_STORE_REUSED,
     STORE_LISTENS_EVERYWHERE,
     TORCH_BUGS,
     replace_c10d_store,
+    replace_dataloader_worker,
     torch_version,
 )
 from unidist.testing import run_distributed
@@ -59,7 +66,7 @@ def test_a_bug_no_release_has_fixed_is_present_on_every_torch() -> None:
     assert LIBUV_STORE_LISTEN_FD.affected == "torch < 2.8"
 
 
-def test_replace_c10d_store_is_the_one_patch_of_torchs_private(
+def test_replace_c10d_store_patches_torchs_private(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import importlib
@@ -78,6 +85,69 @@ def test_replace_c10d_store_is_the_one_patch_of_torchs_private(
     assert rendezvous._create_c10d_store("h", 1) == ("wrapped", ("h", 1))
     monkeypatch.delattr(rendezvous, "_create_c10d_store")  # a torch without it: no patch
     assert replace_c10d_store(wrap) is False
+
+
+@pytest.mark.parametrize(
+    ("version", "present"),
+    [
+        ((3, 9, 20), True),  # a line older than every one listed: taken to have it
+        ((3, 10, 0), True),
+        ((3, 10, 14), True),
+        ((3, 10, 15), False),
+        ((3, 10, 18), False),
+        ((3, 11, 7), True),
+        ((3, 11, 9), True),
+        ((3, 11, 10), False),
+        ((3, 11, 14), False),
+        ((3, 12, 0), False),
+        ((3, 13, 5), False),
+        ((3, 14, 0), False),
+    ],
+)
+def test_the_fork_head_lock_bug_is_present_only_before_its_fix(
+    version: tuple[int, int, int], present: bool
+) -> None:
+    assert FORK_HEAD_LOCK.present(version) is present
+
+
+def test_a_python_bug_reads_the_running_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    running = (sys.version_info.major, sys.version_info.minor, sys.version_info.micro)
+    assert _workarounds.python_version() == running
+    assert FORK_HEAD_LOCK.present() is FORK_HEAD_LOCK.present(running)
+    monkeypatch.setattr(_workarounds, "python_version", lambda: (3, 11, 9))
+    assert FORK_HEAD_LOCK.present()
+    monkeypatch.setattr(_workarounds, "python_version", lambda: (3, 12, 0))
+    assert not FORK_HEAD_LOCK.present()
+    assert FORK_HEAD_LOCK.affected == "Python 3.10 < 3.10.15, 3.11 < 3.11.10"
+
+
+def test_every_python_bug_names_its_upstream_reference() -> None:
+    for bug in PYTHON_BUGS:
+        assert "CPython gh-" in bug.upstream
+        assert bug.summary
+        assert list(bug.fixed_in) == sorted(bug.fixed_in)  # oldest line first, one per line
+        assert len({fixed[:2] for fixed in bug.fixed_in}) == len(bug.fixed_in)
+
+
+def test_replace_dataloader_worker_swaps_the_worker_and_its_registered_pids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.utils.data._utils import signal_handling
+
+    calls: list[tuple[object, ...]] = []
+    monkeypatch.setattr(signal_handling, "_remove_worker_pids", lambda key: calls.append((key,)))
+    monkeypatch.setattr(
+        signal_handling, "_set_worker_pids", lambda key, pids: calls.append((key, pids))
+    )
+    other, stuck, fresh = (SimpleNamespace(pid=pid) for pid in (11, 12, 13))
+    iterator = SimpleNamespace(_workers=[other, stuck], _worker_pids_set=False)
+    replace_dataloader_worker(iterator, stuck, fresh)  # pids not registered yet: torch will
+    assert iterator._workers == [other, fresh]
+    assert calls == []
+    iterator._worker_pids_set = True
+    replace_dataloader_worker(iterator, fresh, stuck)
+    assert iterator._workers == [other, stuck]
+    assert calls == [(id(iterator),), (id(iterator), (11, 12))]
 
 
 def _collectives_then_free() -> None:

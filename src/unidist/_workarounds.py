@@ -1,9 +1,10 @@
-"""The torch bugs unidist works around, and the torch versions each one applies to.
+"""The torch and CPython bugs unidist works around, and the releases each one applies to.
 
-Every workaround in unidist asks :meth:`TorchBug.present` before it acts, so it is active only on
-the torch releases that have the bug, and it can be deleted once the supported floor passes
-``fixed_in``. Each bug has two tests (``tests/test_workarounds.py``): on an affected torch the
-workaround works; on a fixed torch the bug is absent without it.
+Every workaround in unidist asks its bug's ``present()`` (:meth:`TorchBug.present`,
+:meth:`PythonBug.present`) before it acts, so it is active only on the releases that have the
+bug, and it can be deleted once the supported floor passes ``fixed_in``. Each bug has two tests
+(``tests/test_workarounds.py``, and the tests of the module that works around it): on an affected
+release the workaround works; on a fixed one it is not applied.
 
 ========================  ====================  ===========================================
 bug                       affected torch        worked around in
@@ -36,9 +37,6 @@ every interface           (2.7 to 2.14)         store listens on MASTER_ADDR onl
                                                 :func:`replace_c10d_store`)
 ========================  ====================  ===========================================
 
-:func:`replace_c10d_store` is the only patch of a torch private in unidist; the two bugs above
-that use it are gated like the others, with ``fixed_in=None`` until a release fixes them.
-
 The releases were measured on this project's machines (``tests/test_workarounds.py`` in the
 pinned and latest environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0 and
 2.11.0): the deadlock hung 5 of 5 runs of 10 rounds on 2.7.0 and 0 of 5 on 2.8.0 and every later
@@ -49,27 +47,55 @@ torchrun jobs on 2.14.1; on 2.7.0 it is rarer (a unidist script ending right aft
 all-reduces under plain torchrun, two busy processes beside it: 2 of 100, and once in a test
 matrix run) but present, so the exit drain is registered on every release; destroying the open
 groups at exit is done from 2.8 on only, where it cannot deadlock (the first bug).
+
+========================  ====================  ===========================================
+CPython bug               affected Python       worked around in
+========================  ====================  ===========================================
+fork copies HEAD_LOCK     3.10 < 3.10.15,       ``_resume.forks`` (a forked DataLoader worker
+held (gh-112275)          3.11 < 3.11.10        that has not run its first line by a
+                          (none from 3.12 on)   deadline is forked again in its place)
+========================  ====================  ===========================================
+
+CPython gh-112275 is fixed in 3.11.10 and 3.10.15 (released 2024-09-07; the gh-112275 entries
+of their ``Misc/NEWS.d``, for python/cpython PR #112336 and its 3.10 backport); 3.12.0 and later
+never had it (the issue, and that entry: "based on previous Python 3.12 fix").
+
+This module is the only place unidist writes torch privates: :func:`replace_c10d_store` (for the
+two store bugs above, gated like the others, with ``fixed_in=None`` until a release fixes them),
+:func:`replace_dataloader_worker` (for :data:`FORK_HEAD_LOCK`) and, for no bug but a hook torch
+does not offer, :func:`count_checkpoint_writes` (a checkpoint's writes counted as progress).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import functools
 import importlib
+import operator
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "FORK_HEAD_LOCK",
     "GLOO_AVG_SUMS",
     "GLOO_EXIT_ABORT",
     "GLOO_NO_AVG_ALL_REDUCE",
     "GLOO_TEARDOWN_DEADLOCK",
     "LIBUV_STORE_LISTEN_FD",
+    "PYTHON_BUGS",
     "STATIC_STORE_REUSED",
     "STORE_LISTENS_EVERYWHERE",
     "TORCH_BUGS",
+    "PythonBug",
     "TorchBug",
+    "python_version",
+    "count_checkpoint_writes",
     "replace_c10d_store",
+    "replace_dataloader_worker",
     "torch_version",
 ]
 
@@ -175,12 +201,66 @@ TORCH_BUGS = (
 )
 
 
+def python_version() -> tuple[int, int, int]:
+    """(major, minor, micro) of the running Python, which :meth:`PythonBug.present` reads."""
+    return sys.version_info.major, sys.version_info.minor, sys.version_info.micro
+
+
+@dataclass(frozen=True)
+class PythonBug:
+    """One upstream CPython bug that unidist works around.
+
+    Attributes:
+        name: short name, used in docs and logs.
+        upstream: the upstream issue or pull request.
+        summary: what goes wrong, in one sentence.
+        fixed_in: for each release line that has had the bug or was the first without it, its
+            first release without it, oldest line first (``(3, 12, 0)``: the line never had
+            it). A line older than the first listed has the bug; one newer than the last does
+            not.
+    """
+
+    name: str
+    upstream: str
+    summary: str
+    fixed_in: tuple[tuple[int, int, int], ...]
+
+    def present(self, version: tuple[int, int, int] | None = None) -> bool:
+        """Whether Python ``version`` (default: the running one) has the bug."""
+        version = python_version() if version is None else version
+        for fixed in self.fixed_in:
+            if version[:2] == fixed[:2]:
+                return version < fixed
+        return version[:2] < self.fixed_in[0][:2]
+
+    @property
+    def affected(self) -> str:
+        """The affected releases, in words (``"Python 3.10 < 3.10.15, 3.11 < 3.11.10"``)."""
+        lines = [
+            f"{major}.{minor} < {major}.{minor}.{micro}"
+            for major, minor, micro in self.fixed_in
+            if micro
+        ]
+        return "Python " + ", ".join(lines)
+
+
+FORK_HEAD_LOCK = PythonBug(
+    "fork copies HEAD_LOCK held",
+    "CPython gh-112275 (fixed by python/cpython PR #112336 and its backports)",
+    "a child forked while another thread held the runtime's HEAD_LOCK (a thread entering Python "
+    "from C for the first time takes it without the GIL, as gloo's threads do after each "
+    "collective) takes that lock again before resetting it, and never runs a line",
+    ((3, 10, 15), (3, 11, 10), (3, 12, 0)),
+)
+PYTHON_BUGS = (FORK_HEAD_LOCK,)
+
+
 def replace_c10d_store(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
     """Put ``wrap(original)`` in place of torch's private ``rendezvous._create_c10d_store``.
 
-    The store the ``env://`` and ``tcp://`` rendezvous create for the process group; the only
-    torch private unidist patches (for :data:`STATIC_STORE_REUSED` and
-    :data:`STORE_LISTENS_EVERYWHERE`). Returns False, patching nothing, on a torch without it.
+    The store the ``env://`` and ``tcp://`` rendezvous create for the process group (for
+    :data:`STATIC_STORE_REUSED` and :data:`STORE_LISTENS_EVERYWHERE`). Returns False, patching
+    nothing, on a torch without it.
     """
     # importlib: ``import torch.distributed.rendezvous as m`` binds the *function* that
     # torch.distributed re-exports under the module's name, not the module.
@@ -190,3 +270,92 @@ def replace_c10d_store(wrap: Callable[[Callable[..., Any]], Callable[..., Any]])
         return False
     rendezvous._create_c10d_store = wrap(create)
     return True
+
+
+def replace_dataloader_worker(iterator: Any, stuck: Any, fresh: Any) -> None:
+    """Put the process ``fresh`` in ``stuck``'s place among a DataLoader iterator's workers.
+
+    For :data:`FORK_HEAD_LOCK` (``unidist._resume.forks``). Writes torch privates: the
+    iterator's ``_workers`` list and, once the iterator has registered its workers' pids with
+    torch's SIGCHLD check (``_worker_pids_set``), that registration, so that torch joins,
+    checks and stops ``fresh`` as it would have ``stuck``.
+    """
+    workers = iterator._workers
+    workers[workers.index(stuck)] = fresh
+    if not getattr(iterator, "_worker_pids_set", False):
+        return
+    from torch.utils.data._utils import signal_handling
+
+    key = id(iterator)
+    pids = tuple(worker.pid for worker in workers)
+    calls = (
+        functools.partial(signal_handling._remove_worker_pids, key),  # type: ignore[attr-defined]
+        functools.partial(signal_handling._set_worker_pids, key, pids),  # type: ignore[attr-defined]
+    )
+    # Both run in C, back to back, with no Python bytecode between them, so no other thread
+    # runs in between: torch's own shutdown never finds the iterator unregistered.
+    collections.deque(map(operator.methodcaller("__call__"), calls), maxlen=0)
+
+
+#: Bytes a checkpoint write is cut into: each chunk written is counted as progress.
+WRITE_CHUNK = 1 << 20
+
+
+def count_checkpoint_writes(writer: Any, moved: Callable[[], None]) -> Any:
+    """``writer`` (torch's ``FileSystemWriter`` or ``FsspecWriter``), whose every file counts
+    its writes: ``moved()`` after each :data:`WRITE_CHUNK` bytes it has written.
+
+    Not a bug's workaround: torch gives no hook on a save's writes, and a save that writes is
+    progress for the hang watch (``unidist._progress``) even while the main thread waits, for
+    minutes, in an object store's client. Writes a torch private: the writer's ``fs`` (the
+    object whose ``create_stream`` opens each file, in torch 2.7 to 2.14), replaced by one that
+    hands out counting streams; a writer without one is returned as it is.
+    """
+    inner = getattr(writer, "fs", None)
+    if inner is None or not callable(getattr(inner, "create_stream", None)):
+        return writer
+    writer.fs = _CountingFileSystem(inner, moved)
+    return writer
+
+
+class _CountingFileSystem:
+    """torch's file system object, with streams opened for writing that count their writes."""
+
+    def __init__(self, inner: Any, moved: Callable[[], None]) -> None:
+        self._inner = inner
+        self._moved = moved
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with self._inner.create_stream(path, mode) as stream:
+            yield _CountingStream(stream, self._moved) if set(mode) & set("wa+") else stream
+
+
+class _CountingStream:
+    """A stream whose ``write`` goes in chunks, each counted once written."""
+
+    def __init__(self, inner: Any, moved: Callable[[], None]) -> None:
+        self._inner = inner
+        self._moved = moved
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __enter__(self) -> _CountingStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        total = 0
+        for start in range(0, len(view), WRITE_CHUNK):
+            chunk = view[start : start + WRITE_CHUNK]
+            written = self._inner.write(chunk)
+            total += len(chunk) if written is None else int(written)
+            self._moved()
+        return total

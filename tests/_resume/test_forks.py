@@ -1,23 +1,30 @@
 """A DataLoader worker stuck in its fork is started again; the loop gets the same batches.
 
 A worker forked while another thread of the rank held one of Python's locks never runs a line
-(CPython gh-112275 on Python <= 3.11.9: gloo's threads take that lock after each collective), and
-torch's DataLoader waits for it forever. The elastic tests met it once under load."""
+(CPython gh-112275 on Python 3.10 < 3.10.15 and 3.11 < 3.11.10: gloo's threads take that lock
+after each collective), and torch's DataLoader waits for it forever. The elastic tests met it once
+under load. The watch runs only on those Pythons; on the others nothing is watched."""
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from torch.utils.data import DataLoader
 
+from unidist import _workarounds
 from unidist._env.reading import worker_start_timeout
 from unidist._resume import forks
+from unidist._resume.workers import WorkerInit, starting_workers
+from unidist._workarounds import FORK_HEAD_LOCK
 from unidist.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,13 +84,85 @@ def test_torchs_own_loader_waits_on_the_same_worker() -> None:
 @pytest.mark.multiprocess
 def test_forks_beside_threads_that_enter_python_never_hang() -> None:
     # The real thing, no hook: native threads enter Python for the first time in a loop, as gloo's
-    # do after each collective. On Python <= 3.11.9 one fork in a few hundred copies CPython's
-    # HEAD_LOCK held, and that worker is started again; on newer Pythons none is stuck.
+    # do after each collective. On a Python with gh-112275 one fork in a few hundred copies
+    # CPython's HEAD_LOCK held, and that worker is started again; on the others none is stuck,
+    # and none is watched.
     done, summary = _run("unidist", "threads", "100", timeout="2")
     assert done.returncode == 0, done.stderr[-3000:]
     assert summary["right"], summary
     assert summary["left"] == []
     assert all(fresh is not None for _, _, fresh in summary["replaced"])
+    if not FORK_HEAD_LOCK.present():
+        assert summary["replaced"] == []
+
+
+@pytest.mark.parametrize(
+    ("version", "watched"),
+    [((3, 10, 14), True), ((3, 11, 9), True), ((3, 11, 10), False), ((3, 12, 0), False)],
+)
+def test_forked_workers_are_watched_only_on_a_python_with_the_bug(
+    monkeypatch: pytest.MonkeyPatch, version: tuple[int, int, int], watched: bool
+) -> None:
+    monkeypatch.delenv("UNIDIST_WORKER_START_TIMEOUT", raising=False)
+    monkeypatch.setattr(_workarounds, "python_version", lambda: version)
+    loader = DataLoader(range(4), num_workers=1, multiprocessing_context="fork")
+    context = loader.multiprocessing_context
+    with starting_workers(loader):  # no iterator made: what a loader's __iter__ is given
+        init = loader.worker_init_fn
+        assert isinstance(init, WorkerInit)
+        assert (init.report_to is not None) is watched  # the worker reports that it runs
+        assert (loader.multiprocessing_context is not context) is watched  # each fork recorded
+    assert loader.multiprocessing_context is context
+
+
+def test_the_record_of_stuck_workers_keeps_only_the_latest(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # One entry per stuck worker, in a process that may run for weeks: bounded.
+    record = copy.copy(forks.replaced)
+    record.clear()
+    monkeypatch.setattr(forks, "replaced", record)
+    monkeypatch.setattr(forks, "_signal", lambda process, signum: False)  # no process to signal
+    caplog.set_level(logging.CRITICAL, logger="unidist.data")
+    watcher = forks._Watcher()
+    for pid in range(1, 1001):
+        slot = forks._Slot(0, SimpleNamespace(pid=pid), ((), {}), 1.0, 0.0, ())
+        watch = forks._Watch(lambda: None, -1, -1, {0: slot})  # type: ignore[arg-type]
+        watcher._give_up(watch, slot, "a test gives up on it")
+    assert len(forks.replaced) <= 64, len(forks.replaced)
+    assert forks.replaced[-1] == (0, 1000, None)  # the latest is kept
+
+
+class _Stop(BaseException):
+    """Ends the watching thread's loop in a test (the loop catches Exception only)."""
+
+
+def test_a_watching_thread_that_keeps_failing_backs_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Each failed round is followed by a pause twice the last, up to a cap; a round that
+    # succeeds starts the pauses over. The pauses are recorded, not slept.
+    outcomes = iter([OSError("select failed")] * 12 + [None] + [OSError("select failed")] * 2)
+
+    def round_(selector: object, wake: int) -> None:
+        outcome = next(outcomes, _Stop())
+        if outcome is not None:
+            raise outcome
+
+    pauses: list[float] = []
+    watcher = forks._Watcher()
+    monkeypatch.setattr(watcher, "_round", round_)
+    monkeypatch.setattr(watcher, "_pause", pauses.append)
+    read_fd, write_fd = forks.report_fds()
+    try:
+        with pytest.raises(_Stop):
+            watcher._run(read_fd)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+    doubling = [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 30.0, 30.0, 30.0]
+    assert pauses == pytest.approx([*doubling, 0.1, 0.2])
+    assert "start failed; trying again in 30 s" in caplog.text
 
 
 def test_only_workers_started_by_fork_are_watched() -> None:

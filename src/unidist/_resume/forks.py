@@ -3,14 +3,13 @@
 A worker started by ``fork`` gets a copy of the rank's memory, locks included, but only the
 thread that forked it. A lock another thread held at that instant stays held in the child, where
 no thread will ever release it. CPython takes one such lock, ``HEAD_LOCK``, in every forked child
-before any of its code runs, and on Python 3.11.9, 3.10.14 and older that lock is taken before
-the child resets it (CPython gh-112275; fixed in 3.12, backported in September 2024). A thread
-takes it without the GIL whenever it enters Python from C for the first time: a gloo thread does,
-each time it frees the last reference to a collective's work (torch's ``ProcessGroupGloo::
-runLoop``, seen with gdb, about 10 times a second in a training rank). A worker forked while one
-did never runs a line; torch's DataLoader (``timeout=0``) waits for its batches forever, and every
-other rank waits on this one. unidist's elastic tests met it once in a 62-minute run on a busy
-machine; a fork beside threads that enter Python in a loop meets it once in a few hundred.
+before any of its code runs, and on Python 3.10 before 3.10.15 and 3.11 before 3.11.10 that lock
+is taken before the child resets it (CPython gh-112275; 3.12 and later never had it:
+:data:`unidist._workarounds.FORK_HEAD_LOCK`). A thread takes it without the GIL whenever it
+enters Python from C for the first time: a gloo thread does, each time it frees the last
+reference to a collective's work (torch's ``ProcessGroupGloo::runLoop``, about 10 times a second
+in a training rank). A worker forked while one did never runs a line; torch's DataLoader
+(``timeout=0``) waits for its batches forever, and every other rank waits on this one.
 
 unidist's loaders watch the workers they fork: each worker reports from its init function that it
 runs, and one thread of the rank waits for the reports, with a deadline
@@ -24,19 +23,20 @@ reported meanwhile was only slow, and goes on (SIGCONT). A replacement is watche
 with twice the deadline, four times at most; then the worker is killed and torch's DataLoader
 raises its own error for it ("DataLoader worker (pid N) is killed by signal"): never a hang.
 
-Workers started by ``spawn`` or ``forkserver`` are not watched: they do not inherit this
-process's threads or their locks.
+The watch runs only on a Python that has the bug (:func:`watched`); elsewhere no worker is
+watched, and ``UNIDIST_WORKER_START_TIMEOUT`` is not read. Workers started by ``spawn`` or
+``forkserver`` are not watched either: they do not inherit this process's threads or their
+locks. The torch privates a replacement writes are written by
+:func:`unidist._workarounds.replace_dataloader_worker`.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import logging
 import multiprocessing
 import multiprocessing.context
-import operator
 import os
 import selectors
 import signal
@@ -46,6 +46,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from unidist._workarounds import FORK_HEAD_LOCK, replace_dataloader_worker
+
 logger = logging.getLogger("unidist.data")
 
 #: Times one worker is started again before the DataLoader is left to fail on it.
@@ -53,10 +55,17 @@ ATTEMPTS = 4
 #: Seconds a worker gets to show that SIGSTOP stopped it (one asleep stops at once).
 _STOP_DEADLINE = 5.0
 _REPORT = 4  # bytes a worker writes to say it runs: its worker id, little-endian
+#: Seconds the watching thread waits after a round of its loop failed; doubled after each
+#: further failure in a row, up to ``_RETRY_MAX``; a round that succeeds starts it over.
+_RETRY_FIRST = 0.1
+_RETRY_MAX = 30.0
+#: How many of the latest stuck workers :data:`replaced` keeps.
+REPLACED_KEPT = 64
 
-#: What this process did about stuck workers, for tests and reports: (worker id, stuck pid, pid
-#: of the worker started in its place, or None when the DataLoader was left to fail on it).
-replaced: list[tuple[int, int, int | None]] = []
+#: What this process did about its latest stuck workers (the last ``REPLACED_KEPT``), for tests
+#: and reports: (worker id, stuck pid, pid of the worker started in its place, or None when the
+#: DataLoader was left to fail on it).
+replaced: collections.deque[tuple[int, int, int | None]] = collections.deque(maxlen=REPLACED_KEPT)
 
 
 def forks(loader: Any) -> bool:
@@ -66,6 +75,11 @@ def forks(loader: Any) -> bool:
         method = multiprocessing.get_start_method(allow_none=True)
         return (method or multiprocessing.get_all_start_methods()[0]) == "fork"
     return type(context) is getattr(multiprocessing.context, "ForkContext", None)
+
+
+def watched(loader: Any) -> bool:
+    """Whether ``loader``'s workers are watched: forked, on a Python with CPython gh-112275."""
+    return FORK_HEAD_LOCK.present() and forks(loader)
 
 
 class Recorder(multiprocessing.context.BaseContext):
@@ -185,13 +199,24 @@ class _Watcher:
         os.write(wake, b"w")
 
     def _run(self, wake: int) -> None:
-        selector = selectors.DefaultSelector()  # epoll: select() refuses fds past 1023
-        selector.register(wake, selectors.EVENT_READ)
-        while True:
-            try:
-                self._round(selector, wake)
-            except Exception:  # never let a surprise end the thread that serves every loader
-                logger.exception("unidist: watching DataLoader workers start failed")
+        with selectors.DefaultSelector() as selector:  # epoll: select() refuses fds past 1023
+            selector.register(wake, selectors.EVENT_READ)
+            pause: float | None = None  # after a failed round; None after one that succeeded
+            while True:
+                try:
+                    self._round(selector, wake)
+                except Exception:  # never let a surprise end the thread that serves every loader
+                    pause = _RETRY_FIRST if pause is None else min(_RETRY_MAX, 2 * pause)
+                    logger.exception(
+                        "unidist: watching DataLoader workers start failed; trying again in %g s",
+                        pause,
+                    )
+                    self._pause(pause)
+                else:
+                    pause = None
+
+    def _pause(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def _round(self, selector: selectors.BaseSelector, wake: int) -> None:
         with self._lock:
@@ -275,7 +300,7 @@ class _Watcher:
             _HINT,
         )
         _signal(slot.process, signal.SIGKILL)
-        replaced.append((slot.worker_id, slot.process.pid, None))
+        replaced.append((slot.worker_id, slot.process.pid, None))  # the oldest drops out
         del watch.slots[slot.worker_id]
 
     def _replace(self, iterator: Any, slot: _Slot) -> None:
@@ -287,16 +312,13 @@ class _Watcher:
         # this thread began): the new worker inherits them blocked, as the first one did.
         signal.pthread_sigmask(signal.SIG_BLOCK, slot.signums)
         fresh.start()
-        workers = iterator._workers
-        workers[workers.index(stuck)] = fresh
-        if getattr(iterator, "_worker_pids_set", False):
-            _register(iterator)
+        replace_dataloader_worker(iterator, stuck, fresh)
         # No longer one of torch's, so its end is no failure. (torch's main thread looks at its
         # workers every 5 s; one that took the stuck worker from the list just before the swap
         # and asks it after this kill would call it dead: a window of microseconds.)
         _signal(stuck, signal.SIGKILL)
         stuck.join(_STOP_DEADLINE)
-        replaced.append((slot.worker_id, stuck.pid, fresh.pid))
+        replaced.append((slot.worker_id, stuck.pid, fresh.pid))  # the oldest drops out
         logger.warning(
             "unidist: DataLoader worker %d (pid %d) did not start in %g s: it is stuck before "
             "its first line, on a lock that another thread held when it was forked. Started "
@@ -327,8 +349,8 @@ def _signal(process: Any, signum: int) -> bool:
 
 
 _HINT = (
-    "HINT: on Python 3.11.9, 3.10.14 or older this is CPython gh-112275, which a gloo thread "
-    "meets: upgrade Python, or pass multiprocessing_context='forkserver' to the DataLoader; "
+    f"HINT: this is CPython gh-112275 ({FORK_HEAD_LOCK.affected}), which a gloo thread meets: "
+    "upgrade Python, or pass multiprocessing_context='forkserver' to the DataLoader; "
     "UNIDIST_WORKER_START_TIMEOUT sets the deadline (seconds; 0 turns the watch off)."
 )
 
@@ -347,21 +369,6 @@ def _settled(pid: int) -> str:
             return "stopped" if info.si_code == os.CLD_STOPPED else "ended"
         pause.wait(0.01)  # the kernel offers no event for "stopped" to wait on
     return "running"
-
-
-def _register(iterator: Any) -> None:
-    """Tell torch's SIGCHLD check the iterator's worker pids now (the stuck one's replaced)."""
-    from torch.utils.data._utils import signal_handling
-
-    key = id(iterator)
-    pids = tuple(worker.pid for worker in iterator._workers)
-    calls = (
-        functools.partial(signal_handling._remove_worker_pids, key),  # type: ignore[attr-defined]
-        functools.partial(signal_handling._set_worker_pids, key, pids),  # type: ignore[attr-defined]
-    )
-    # Both run in C, back to back, with no Python bytecode between them, so no other thread
-    # runs in between: torch's own shutdown never finds the iterator unregistered.
-    collections.deque(map(operator.methodcaller("__call__"), calls), maxlen=0)
 
 
 _watcher = _Watcher()

@@ -112,7 +112,7 @@ def starting_workers(loader: Any) -> Iterator[Callable[[T], T]]:
     A stop signal that arrives meanwhile waits until the workers exist, then reaches this rank
     as usual; each worker inherits the blocked signals and takes them on its own thread.
     Yields ``started``: pass it the iterator made, and the workers it forked are watched until
-    each runs (:mod:`unidist._resume.forks`).
+    each runs, on a Python with CPython gh-112275 (:mod:`unidist._resume.forks`).
 
     Raises:
         ConfigurationError: ``UNIDIST_WORKER_START_TIMEOUT`` is not a number of seconds.
@@ -122,7 +122,7 @@ def starting_workers(loader: Any) -> Iterator[Callable[[T], T]]:
         return
     signums = tuple(sorted(STOP_SIGNALS))
     original, context = loader.worker_init_fn, loader.multiprocessing_context
-    timeout = worker_start_timeout() if forks.forks(loader) else None
+    timeout = worker_start_timeout() if forks.watched(loader) else None
     fds = forks.report_fds() if timeout else None
     recorder = forks.Recorder()
     main = threading.current_thread() is threading.main_thread()
