@@ -358,7 +358,8 @@ def _one_rank_has_a_checkpoint(root: str) -> None:
 
 @pytest.mark.multiprocess
 def test_folders_that_are_not_shared_are_refused(tmp_path: Path) -> None:
-    _parts(str(tmp_path / "rank0"))["state"].save()
+    with _parts(str(tmp_path / "rank0"))["state"] as state:  # let go before the ranks start
+        state.save()
     with pytest.raises(DistributedTestError) as failed:
         run_distributed(_one_rank_has_a_checkpoint, str(tmp_path), timeout=120)
     assert "the ranks found different checkpoints" in failed.value.failures[0]

@@ -135,7 +135,7 @@ class _Counting(Iterator[Any]):
             raise
         self._delivered += 1
         self._sampler._loader_progress(self._delivered * self._per_batch, False)
-        progress.step()
+        progress.batch()
         return batch
 
     def __len__(self) -> int:

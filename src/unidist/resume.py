@@ -22,6 +22,7 @@ docs/guides/elastic.md for what the arithmetic can and cannot keep bit-identical
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -29,8 +30,11 @@ import os
 import random
 import re
 import signal
+import sys
+import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -40,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from unidist import _env, ranks
+from unidist import _env, _workarounds, ranks
 from unidist._checks import check_flag, check_int
 from unidist._progress import sampler as progress
 from unidist._resume import folder as files
@@ -59,6 +63,10 @@ from unidist.sync import barrier
 __all__ = ["ResumableState"]
 
 log = logging.getLogger("unidist.resume")
+
+#: The states with a save on its way to counting, awaited at the interpreter's exit.
+_in_flight: weakref.WeakSet[ResumableState] = weakref.WeakSet()
+_exit_hook: list[bool] = []  # registered once
 
 
 class ResumableState:
@@ -103,7 +111,9 @@ class ResumableState:
             stays so, rather than a save cut short by SIGKILL. ``None``: always save.
         stop_timeout: seconds a rank that agreed to stop (another rank got the signal) waits
             for its own launcher's signal before it raises instead.
-        timeout: seconds each rank waits for the others while saving.
+        timeout: seconds each rank waits for the others while saving, and each operation on
+            an object store may take (an endpoint that never answers costs this long, then a
+            ``CheckpointError`` that says so).
         storage_options: options for fsspec's driver of an object store's URL (as
             ``fsspec.open(url, **storage_options)`` takes them).
     """
@@ -149,8 +159,11 @@ class ResumableState:
             )
         self._location = folder  # as given: a URL may hold credentials, never shown
         self.storage_options = dict(storage_options or {})
+        self._secrets = secrets_of(self.storage_options, str(folder) if is_url(folder) else "")
         #: The checkpoint folder: a Path, or an object store's URL without its credentials.
-        self.root: Path | Url = Url(redact(str(folder))) if is_url(folder) else Path(folder)
+        self.root: Path | Url = (
+            Url(redact(str(folder), self._secrets)) if is_url(folder) else Path(folder)
+        )
         self.job = job
         self.model = model
         self.optimizer = optimizer
@@ -172,12 +185,15 @@ class ResumableState:
         self.resumed_from: int | None = None
         self._steps = 0
         self._restored: bool | None = None
-        self._in_force: int | None = None  # the step of the checkpoint latest.json names
+        #: The step of the latest checkpoint saved or restored: it counts once rank 0's commit
+        #: has replaced latest.json (a failed one gives way to the one before it).
+        self._in_force: int | None = None
+        self._counted_before: int | None = None  # the one in force before the latest save
         self._stops = StopSignals(default_stop_signals() if stop_signals is None else stop_signals)
         self._vote = StopVote()
         self._root: Folder | None = None
         self._lock: RunLock | None = None
-        self._commit = files.Commit()
+        self._commit = files.Commit(self._redacted)
 
     @property
     def steps(self) -> int:
@@ -272,7 +288,9 @@ class ResumableState:
     def _open(self) -> None:
         """Open (or create) the folder through its checked handle; rank 0 takes the lock."""
         if self._root is None:
-            self._root = store.open_root(self._location, self.storage_options, create=True)
+            self._root = store.open_root(
+                self._location, self.storage_options, create=True, timeout=self.timeout
+            )
         if self._lock is None and ranks.get_rank() == 0 and isinstance(self._root, Dir):
             self._lock = RunLock.acquire(
                 self._root, job=self.job, run_id=_env.run_id(), timeout=self.timeout
@@ -280,6 +298,7 @@ class ResumableState:
 
     def _shut(self) -> None:
         """Let go of the lock and the folder's handle (reopened by the next use)."""
+        _in_flight.discard(self)
         try:
             self._finish_staged()
             self._commit.join()
@@ -366,7 +385,11 @@ class ResumableState:
 
     def _shown(self, exc: BaseException) -> str:
         """An error's text as a message may show it: no credentials of the storage's."""
-        return redact(str(exc), secrets_of(self.storage_options))[:2000]
+        return redact(str(exc), self._secrets)[:2000]
+
+    def _redacted(self, text: str) -> str:
+        """``text`` as a message may show it: no credentials of the storage's."""
+        return redact(text, self._secrets)
 
     @property
     def _in_torch(self) -> bool:
@@ -558,23 +581,38 @@ class ResumableState:
             self.restore()
         where = self.root / files.step_name(self._steps)
         if self._in_force == self._steps:
-            return where  # saved or restored at this very step: rewriting it would unseat it
+            # Saved or restored at this very step: rewriting it would unseat it. A save that
+            # step() began here may still be on its way to counting: save() waits for it.
+            if wait:
+                self._counts()
+            return where
         closed = self._root is None  # after close(): the lock is held for this save only
         started = time.monotonic()
         try:
             self._save(where)
             self._save_seconds = max(self._save_seconds, time.monotonic() - started)
             if wait:
-                self._finish_staged()
-                self._commit.wait_counted()
+                self._counts()
         finally:
             if closed:
                 self._shut()
         return where
 
+    def _counts(self) -> None:
+        """Wait until the latest save counts; if it failed, it is no longer the one in force
+        (a later save of the same step writes it again) and its error is raised."""
+        try:
+            self._finish_staged()
+            self._commit.wait_counted()
+        except CheckpointError:
+            self._in_force = self._counted_before
+            raise
+
     def _save(self, where: Path | Url) -> None:
         self._open()
         assert self._root is not None
+        if self._lock is not None:
+            self._lock.check()  # still this run's alone: nothing may be written otherwise
         rank, world = ranks.get_rank(), ranks.get_world_size()
         data = self.loader.state_dict() if self.loader is not None else None
         progress = {
@@ -587,8 +625,12 @@ class ResumableState:
             "stateful": sorted(self.stateful),
         }
         _check_json(progress)
-        self._finish_staged()  # the last save is written ...
-        self._commit.join()  # ... and counts, before this one begins
+        try:
+            self._finish_staged()  # the last save is written ...
+            self._commit.join()  # ... and counts, before this one begins
+        except CheckpointError:
+            self._in_force = self._counted_before
+            raise
         started = time.monotonic()
         # Every rank makes or opens the step's folder: no stale one can be there (restore()
         # removed those newer than the checkpoint in force), and a save of this step that
@@ -606,12 +648,12 @@ class ResumableState:
                             handle = folder.dup()  # open until written
                             future = dcp.async_save(
                                 state,
-                                storage_writer=handle.writer(),
+                                storage_writer=_counted(handle.writer()),
                                 process_group=self._save_group,
                             )
-                            self._staged = Staged(future, handle, started)
+                            self._staged = Staged(future, handle, started, self._redacted)
                         else:
-                            dcp.save(state, storage_writer=folder.writer())
+                            dcp.save(state, storage_writer=_counted(folder.writer()))
                 except CheckpointException as exc:  # a BaseException: user code would miss it
                     raise CheckpointError(
                         f"saving {where} failed on rank(s) {sorted(exc.failures)}: "
@@ -625,14 +667,28 @@ class ResumableState:
                 latest = {"job": self.job, "step": self._steps, "folder": where.name}
                 own = folder.dup()
                 self._commit.start(self._root, own, progress, latest, self.keep, self._staged)
-        self._in_force = self._steps
+        self._counted_before, self._in_force = self._in_force, self._steps
+        _await_at_exit(self)
         log.info("saved %s", where)
 
     # -- the end -------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Put back the signal handlers that were there before, let go of the folder's lock
-        and handle (saving nothing). A later :meth:`save` takes them again."""
+        and handle (saving nothing). A later :meth:`save` takes them again.
+
+        A stop signal that arrived after the last vote (a loop that does not use
+        :meth:`epochs` and ended before the next vote) was acted on by nobody: ``close()``
+        raises it again (``signal.raise_signal``) once the handlers it had are back, as if
+        unidist had never caught it. With the default handlers SIGTERM then ends the process
+        here, with SIGTERM's status, as it would have without unidist; a script that set its
+        own handler gets that handler called. :meth:`epochs` and the ``with`` block call
+        ``close()`` too.
+
+        Raises:
+            CheckpointError: a save in flight (``async_save``, or the commit of the last save)
+                failed: the checkpoint in force is the one before it.
+        """
         pending = self._stops.received
         self._stops.restore()
         self._vote.finish(self.timeout)
@@ -658,6 +714,51 @@ class ResumableState:
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
+
+
+def _await_at_exit(state: ResumableState) -> None:
+    """Await ``state``'s save in flight when the main thread ends, if nothing did before."""
+    _in_flight.add(state)
+    if _exit_hook:
+        return
+    with contextlib.suppress(AttributeError, RuntimeError):  # not CPython, or exiting already
+        # threading's exit hooks run once the main thread has returned, before the atexit
+        # handlers (torch's process groups are still there for the save's collectives).
+        threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+        _exit_hook.append(True)
+
+
+def _at_exit() -> None:
+    """The script ended with saves in flight: wait for them. One that failed is said on stderr
+    (the script never learnt of it), and the process exits 1 once the exit handlers ran."""
+    failed = []
+    for state in list(_in_flight):
+        try:
+            state._finish_staged()
+            state._commit.join()
+        except CheckpointError as exc:
+            kept = "none" if state._counted_before is None else f"step {state._counted_before}"
+            failed.append(
+                f"unidist: the last save of job {state.job!r} (step {state._in_force}) failed "
+                f"after the script returned, so {kept} stays the checkpoint in force in "
+                f"{state.root}: {exc} This process exits with status 1.\n"
+            )
+        except BaseException as exc:  # an exit hook must not raise
+            failed.append(f"unidist: waiting for the last save failed: {exc!r:.300}\n")
+    _in_flight.clear()
+    if not failed:
+        return
+    with contextlib.suppress(Exception):
+        sys.stderr.write("".join(failed))
+        sys.stderr.flush()
+    atexit._run_exitfuncs()  # what would run at exit, then the status that says it failed
+    os._exit(1)
+
+
+def _counted(writer: Any) -> Any:
+    """torch's checkpoint writer, whose writes count as this rank's progress for the hang
+    watch: a save that writes is not a hang, however long it takes."""
+    return _workarounds.count_checkpoint_writes(writer, progress.moved)
 
 
 def _check_stateful(stateful: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import linecache
 import sys
 import threading
 import time
 import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -414,3 +416,164 @@ def test_a_look_raises_no_audit_event() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _looks(thread: Sampler, count: int) -> None:
+    """Wait (in the main thread, blocked in C) until ``thread`` has looked ``count`` times more."""
+    target = int(thread.writer.values["ticks"]) + count
+    deadline = time.monotonic() + 60
+    while int(thread.writer.values["ticks"]) < target:
+        assert time.monotonic() < deadline, "the sampler stopped looking"
+        time.sleep(0.01)
+
+
+def test_a_loop_that_iterates_on_one_line_is_motion_a_wait_on_one_line_is_not(
+    tmp_path: Path,
+) -> None:
+    # hangs.md: a loop that iterates is progress. A loop whose whole body sits on one line
+    # never changes the innermost frame's line; its instructions do.
+    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.005)
+    thread.start()
+    try:
+        _looks(thread, 3)
+        values, n = thread.writer.values, 0
+        before = int(values["motion"])
+        target = int(values["ticks"]) + 40
+        while int(values["ticks"]) < target: n += 1  # fmt: skip  # noqa: E701
+        assert n > 0
+        assert int(values["motion"]) - before >= 5
+        before = int(values["motion"])
+        _looks(thread, 40)  # the main thread blocked in one call: time.sleep, in C
+        assert int(values["motion"]) - before <= 1  # the move into the wait, at most
+    finally:
+        thread.stop(done=True)
+
+
+def test_a_rank_whose_sampler_will_not_stop_keeps_one_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # failed() writes where the rank raised; if the sampler thread did not end within its
+    # bound, it still writes the record, and two writers on a seqlock tear it.
+    inside, leave = threading.Event(), threading.Event()
+    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    original = thread.look
+
+    def stuck_look() -> None:
+        original()
+        inside.set()
+        leave.wait(60)  # a look that takes longer than stop() waits
+
+    thread.look = stuck_look  # type: ignore[method-assign]
+    monkeypatch.setattr(sampler, "STOP_SECONDS", 0.05)
+    monkeypatch.setattr(sampler, "_current", thread)
+    flushes: list[str] = []
+    flush = thread.writer.flush
+
+    def counted() -> None:
+        flushes.append(threading.current_thread().name)
+        flush()
+
+    thread.writer.flush = counted  # type: ignore[method-assign]
+    thread.start()
+    try:
+        assert inside.wait(60)
+        try:
+            torch.distributed.all_reduce(torch.ones(1))  # raises: no process group
+        except Exception as exc:  # any error a collective raises
+            sampler.failed(exc)
+        assert threading.current_thread().name not in flushes, flushes
+    finally:
+        leave.set()
+        thread.join(60)
+
+
+def test_a_loop_with_a_loader_and_a_resumable_state_counts_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The elastic guide's loop: a unidist loader and ResumableState.step() in one loop.
+    for name in ("_steps", "_step_at", "_batches", "_batch_at"):
+        monkeypatch.setattr(sampler, name, 0)
+    loader = unidist.auto_dataloader(list(range(12)), per_rank_batch_size=2)
+    state = unidist.ResumableState(tmp_path / "ck", job="j", loader=loader, stop_signals=())
+    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread.start()
+    try:
+        for _ in state.epochs(1):
+            for _ in loader:
+                state.step()
+        _looks(thread, 2)
+        assert record.read(tmp_path / "r.bin").steps == 6  # type: ignore[union-attr]
+    finally:
+        thread.stop(done=True)
+    assert record.read(tmp_path / "r.bin").steps == 6  # type: ignore[union-attr]
+
+
+def test_a_loop_with_a_loader_alone_counts_its_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("_steps", "_step_at", "_batches", "_batch_at"):
+        monkeypatch.setattr(sampler, name, 0)
+    loader = unidist.auto_dataloader(list(range(12)), per_rank_batch_size=4)
+    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread.start()
+    try:
+        assert len(list(loader)) == 3
+        _looks(thread, 2)
+        assert record.read(tmp_path / "r.bin").steps == 3  # type: ignore[union-attr]
+    finally:
+        thread.stop(done=True)
+
+
+class _SlowStream:
+    """A file whose every write waits as an object store's upload does: the whole write in one
+    call (s3fs uploads a buffer's parts inside one flush), 50 ms a MiB."""
+
+    moves_seen: ClassVar[list[int]] = []  # the rank's count of moves at each write
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def write(self, data: object) -> int:
+        size = memoryview(data).nbytes  # type: ignore[arg-type]
+        _SlowStream.moves_seen.append(sampler._moved)
+        time.sleep(0.05 * size / (1 << 20))
+        return self.inner.write(data)  # type: ignore[attr-defined, no-any-return]
+
+
+def test_a_save_that_writes_for_long_is_motion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # hangs.md: a save that writes is progress, though the main thread waits in one call.
+    import contextlib
+
+    from torch.distributed.checkpoint import filesystem
+
+    original = filesystem.FileSystem.create_stream
+
+    @contextlib.contextmanager
+    def slow(self, path, mode):  # type: ignore[no-untyped-def]
+        with original(self, path, mode) as stream:
+            yield _SlowStream(stream) if "w" in mode else stream
+
+    monkeypatch.setattr(filesystem.FileSystem, "create_stream", slow)
+    model = torch.nn.Linear(1024, 2048)  # 8 MiB of weights
+    state = unidist.ResumableState(tmp_path / "ck", job="j", model=model, stop_signals=())
+    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread.start()
+    _SlowStream.moves_seen.clear()
+    try:
+        _looks(thread, 2)
+        before = int(thread.writer.values["motion"])
+        state.save()
+        _looks(thread, 2)
+        # The 8 MiB went out a MiB at a time, each MiB counted as a move once written ...
+        seen = _SlowStream.moves_seen
+        assert sum(b > a for a, b in itertools.pairwise(seen)) >= 7, seen
+        # ... and each reached the record, beside the moves of the main thread's own frames.
+        assert int(thread.writer.values["motion"]) - before >= 8
+    finally:
+        state.close()
+        thread.stop(done=True)

@@ -6,11 +6,13 @@ output, log, record or error (every test greps for it)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,9 @@ def bucket(s3_server: str, monkeypatch: pytest.MonkeyPatch, request: pytest.Fixt
     }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    name = "b" + request.node.name.lower().replace("_", "-")[:40].strip("-") + str(os.getpid())
+    unique = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]  # parametrized too
+    name = "b" + request.node.name.lower().replace("_", "-")[:34].strip("-") + unique
+    name += str(os.getpid())
     s3fs.S3FileSystem(skip_instance_cache=True).mkdir(name)
     return name
 
@@ -237,3 +241,79 @@ def test_a_missing_driver_names_the_install(tmp_path: Path) -> None:
     state = unidist.ResumableState("nosuchproto://b/run", job="j", stop_signals=())
     with pytest.raises(CheckpointError, match=r"driver is not installed|cannot be reached"):
         state.restore()
+
+
+@pytest.mark.parametrize("userinfo", ["url-key-id:{s}", "{s}"])
+def test_a_secret_in_the_url_never_appears_in_an_error(bucket: str, userinfo: str) -> None:
+    # s3://KEY:SECRET@bucket/run: the driver's own message quotes the bucket part, secret and
+    # all ('Invalid bucket name "KEY:SECRET@bucket"'), without the scheme that marks a URL.
+    secret = "url-secret-71c3e0"  # not the environment's: nothing else would hide it
+    url = f"s3://{userinfo.format(s=secret)}@{bucket}/run"
+    state = unidist.ResumableState(url, job="j", stop_signals=())
+    with pytest.raises(CheckpointError) as failed:
+        state.restore()
+    text = str(failed.value) + str(state.root)
+    assert "Invalid bucket name" in text  # the driver's message is kept, without the secret
+    assert secret not in text, text
+    assert failed.value.__cause__ is None  # nor in a chained exception's text
+
+
+@pytest.fixture
+def silent_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An endpoint that accepts connections and never answers (a hung proxy, a black hole)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+    stop = False
+
+    def accept() -> None:
+        while not stop:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            accepted.append(conn)  # held open, never read or answered
+
+    import threading
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    for name, value in {
+        "AWS_ENDPOINT_URL": url,
+        "AWS_ACCESS_KEY_ID": "unidist-test-key",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    yield url
+    stop = True
+    server.close()
+    for conn in accepted:
+        conn.close()
+
+
+def test_an_object_store_that_never_answers_costs_the_timeout_not_a_hang(
+    silent_endpoint: str,
+) -> None:
+    state = unidist.ResumableState(
+        "s3://silent-bucket/run",
+        job="j",
+        stop_signals=(),
+        timeout=3,
+        # Options of its own: fsspec reuses one S3 filesystem per set of options, and another
+        # test's would still reach that test's server.
+        storage_options={"client_kwargs": {"endpoint_url": silent_endpoint}},
+    )
+    started = time.monotonic()
+    with pytest.raises(CheckpointError) as failed:
+        state.restore()
+    elapsed = time.monotonic() - started
+    assert elapsed < 60, elapsed  # botocore's own retries and timeouts: minutes
+    message = str(failed.value)
+    assert "did not answer within 3 s" in message, message
+    assert "timeout=" in message  # the fix: how to wait longer
+    assert SECRET not in message

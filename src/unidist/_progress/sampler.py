@@ -6,11 +6,15 @@ to the script), it wakes ten times a second and writes the rank's progress recor
 * the sequence number of every process group (torch counts each collective a rank *issues* on a
   group: unidist's, torch's own, DDP's gradient buckets and FSDP's gathers alike, in C++, so the
   training thread pays nothing per collective);
-* the steps the rank counted (:func:`step`: unidist's loaders count each batch and
-  :class:`unidist.ResumableState` each step; a counter, tens of nanoseconds);
+* the steps the rank counted: :class:`unidist.ResumableState`'s steps (:func:`step`), or, in a
+  script without one, the batches unidist's loaders hand out (:func:`batch`); a counter, tens
+  of nanoseconds, never both (a loop with a loader and a state counts each step once);
 * what the main thread is doing, from its Python stack (read in one C call): in its own code
   (and the innermost frame of it: file, line, function), in a collective (which one), in autograd's
-  backward, or waiting for the DataLoader; and whether it moved since the last look;
+  backward, or waiting for the DataLoader; and whether it moved since the last look (its
+  innermost frame's instruction changed: a loop iterates, even on one line; or unidist's
+  checkpoint writer wrote another chunk, :func:`moved`: a save that writes is progress, even
+  while the main thread waits in an object store's client);
 * how many looks found it in each of those phases, for the straggler report.
 
 A look holds the groups for microseconds, and never while unidist destroys them (a group whose
@@ -45,7 +49,7 @@ from typing import Any
 from unidist import _state
 from unidist._progress.record import State, Writer
 
-__all__ = ["TICK", "Sampler", "finish", "start", "step"]
+__all__ = ["TICK", "Sampler", "batch", "finish", "moved", "start", "step"]
 
 #: Seconds between two looks.
 TICK = 0.1
@@ -55,14 +59,37 @@ _MAX_FRAMES = 256
 
 _steps = 0
 _step_at = 0
+_batches = 0
+_batch_at = 0
+_moved = 0
 _current: Sampler | None = None
 
 
 def step() -> None:
-    """Count one step of this rank (a batch handed to the loop, a ResumableState step)."""
+    """Count one step of this rank (:meth:`unidist.ResumableState.step`)."""
     global _steps, _step_at
     _steps += 1
     _step_at = time.monotonic_ns()
+
+
+def batch() -> None:
+    """Count one batch a unidist loader handed to the loop: the rank's steps, unless a
+    :func:`step` counts them (from its first step on, batches are not steps)."""
+    global _batches, _batch_at
+    _batches += 1
+    _batch_at = time.monotonic_ns()
+
+
+def moved() -> None:
+    """The rank did a piece of work that shows no collective and no step (a chunk of a
+    checkpoint written): counted as motion at the next look."""
+    global _moved
+    _moved += 1
+
+
+def _counted() -> tuple[int, int]:
+    """(steps, when the last was counted): the state's steps, or else the loaders' batches."""
+    return (_steps, _step_at) if _steps else (_batches, _batch_at)
 
 
 def start(path: str | os.PathLike[str]) -> Sampler | None:
@@ -96,9 +123,8 @@ def failed(exc: BaseException) -> None:
     """
     global _current
     sampler, _current = _current, None
-    if sampler is None:
-        return
-    sampler.stop()
+    if sampler is None or not sampler.stop():
+        return  # a thread that did not end still writes the record: it stays its one writer
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -249,6 +275,7 @@ class _StackReader:
 
     def __init__(self) -> None:
         self.ident = threading.get_ident()
+        self.offset = -1  # the innermost frame's instruction at the last look (-1: none)
         self._frame_of: Any = None
         self._code_of: Any = None
         self._state: Any = None
@@ -269,7 +296,12 @@ class _StackReader:
             self._state, self._frame_of, self._code_of = this_state(), frame_of, code_of
 
     def stack(self) -> list[Entry]:
-        """The thread's frames, innermost first (empty if it has none, or none can be read)."""
+        """The thread's frames, innermost first (empty if it has none, or none can be read).
+
+        Also sets :attr:`offset`: the innermost frame's instruction (``f_lasti``), which moves
+        while a loop iterates on one line and stands while the thread waits in one call.
+        """
+        self.offset = -1
         if self._frame_of is None:
             return []
         enabled: list[bool] = []
@@ -293,10 +325,14 @@ class _StackReader:
             if isinstance(exc, ValueError):  # no frame: the thread runs no Python code
                 return []
             raise
-        return [(code.co_filename, line or 0, code.co_name) for code, line in filter(None, done)]
+        frames = list(filter(None, done))
+        if frames:
+            self.offset = frames[0][2]
+        return [(code.co_filename, line or 0, code.co_name) for code, line, _ in frames]
 
-    def _walk(self) -> Iterator[tuple[Any, int | None]]:
-        """(code, line) of each frame, innermost first; nothing is read until it is iterated."""
+    def _walk(self) -> Iterator[tuple[Any, int | None, int]]:
+        """(code, line, instruction) of each frame, innermost first; nothing is read until
+        it is iterated."""
         frames = itertools.takewhile(
             _IS_FRAME,
             itertools.accumulate(
@@ -307,12 +343,13 @@ class _StackReader:
                 getattr,  # each frame's caller, None past the outermost
             ),
         )
-        codes, lines = itertools.tee(frames)
-        return zip(map(self._code_of, codes), map(_LINE, lines), strict=True)
+        codes, lines, offsets = itertools.tee(frames, 3)
+        return zip(map(self._code_of, codes), map(_LINE, lines), map(_LASTI, offsets), strict=True)
 
 
-#: A frame's line, read in C.
+#: A frame's line and its last instruction, read in C (neither raises an audit event).
 _LINE = operator.attrgetter("f_lineno")
+_LASTI = operator.attrgetter("f_lasti")
 #: Whether a step of the walk found a frame (``f_back`` of the outermost one is None).
 _IS_FRAME = functools.partial(operator.is_not, None)
 #: Calls its argument, in C.
@@ -369,6 +406,7 @@ class Sampler(threading.Thread):
         self._halt = threading.Event()
         self._places = _Places()
         self._key: Any = None
+        self._moves = 0  # looks that found the main thread moved on in its own code
         self._samples = {State.USER: 0, State.COLLECTIVE: 0, State.DATA: 0, State.BACKWARD: 0}
         self.writer.values["main_thread"] = self.main
 
@@ -395,13 +433,15 @@ class Sampler(threading.Thread):
         values = self.writer.values
         now = time.monotonic_ns()
         state, op, user, where, key = classify_stack(self._reader.stack(), self._places)
+        key = (key, self._reader.offset)  # a loop on one line moves its instruction
         if state in self._samples:
             self._samples[state] += 1
         if key != self._key:
             values["state_at"] = now
             if state is State.USER and self._key is not None:
-                values["motion"] = int(values["motion"]) + 1
+                self._moves += 1
             self._key = key
+        steps, step_at = _counted()
         # Never into torch's GIL-releasing calls once asked to stop (see start()).
         sequences = None if self._halt.is_set() else _sequences()
         if sequences is not None:  # else the groups are being destroyed: keep the last numbers
@@ -409,8 +449,9 @@ class Sampler(threading.Thread):
         values.update(
             beat=now,
             ticks=int(values["ticks"]) + 1,
-            steps=_steps,
-            step_at=_step_at,
+            motion=self._moves + _moved,
+            steps=steps,
+            step_at=step_at,
             state=int(state),
             op=op,
             frame=user,
@@ -426,18 +467,23 @@ class Sampler(threading.Thread):
             values["answered"] = asked
         self.writer.flush()
 
-    def stop(self, done: bool = False) -> None:
+    def stop(self, done: bool = False) -> bool:
+        """Stop the thread; with ``done``, record that the script returned. Returns whether
+        the thread has ended (only then may another thread write the record)."""
         self._halt.set()
         if self.is_alive() and threading.current_thread() is not self:
             # A look takes a millisecond; the bound covers a thread starved of the GIL and
             # the CPU on a loaded machine, which must still be out of torch's calls before
             # the interpreter ends (see start()).
             self.join(timeout=STOP_SECONDS)
-        if done:
+        ended = not self.is_alive() or threading.current_thread() is self
+        if done and ended:
             with contextlib.suppress(Exception):
                 self.writer.values.update(state=int(State.DONE), beat=time.monotonic_ns())
-                self.writer.values.update(steps=_steps, step_at=_step_at)
+                steps, step_at = _counted()
+                self.writer.values.update(steps=steps, step_at=step_at)
                 self.writer.flush()
+        return ended
 
 
 def dump_stacks(why: str) -> None:

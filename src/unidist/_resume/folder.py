@@ -22,7 +22,7 @@ import contextlib
 import logging
 import re
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -138,11 +138,12 @@ class Commit:
 
     _pending: ClassVar[dict[Hashable, Commit]] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, redact: Callable[[str], str] = str) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._key: Hashable | None = None
         self._counted = threading.Event()
+        self._redact = redact  # a text as a message may show it (no credentials)
 
     def start(
         self,
@@ -176,9 +177,9 @@ class Commit:
         after: Staged | None,
     ) -> None:
         try:
-            if after is not None:
-                after.wait()  # every rank's files are written when rank 0's future is done
-            with folder:
+            with folder:  # closed however the commit ends
+                if after is not None:
+                    after.wait()  # every rank's files are written when rank 0's future is done
                 folder.seal()
                 write_record(folder, PROGRESS, progress, sync_folder=False)
                 folder.sync()  # the names of every file of the step, progress.json's too
@@ -210,10 +211,12 @@ class Commit:
             del Commit._pending[self._key]
         error, self._error = self._error, None
         if error is not None:
+            if isinstance(error, CheckpointError):
+                raise error  # its save's own error (Staged.wait), already worded
             raise CheckpointError(
-                f"the checkpoint could not be made to count ({error!r:.300}); the one "
-                "latest.json names is still in force."
-            ) from error
+                f"the checkpoint could not be made to count ({self._redact(repr(error))[:300]}); "
+                "the one latest.json names is still in force."
+            ) from None
 
     @classmethod
     def wait_for(cls, root: Folder) -> None:

@@ -22,15 +22,22 @@ identity can write. There is no lock either (a dead run could not release it): o
 prefix is the job's to ensure; ``job=`` still refuses another run's pointer.
 
 Credentials come from the usual places (``AWS_*`` variables, ``AWS_ENDPOINT_URL``, the
-provider's files) or ``storage_options``; they never appear in a message: every text unidist
-shows about the folder passes through :func:`redact`.
+provider's files), ``storage_options`` or the URL itself (``s3://KEY:SECRET@bucket/run``); they
+never appear in a message: every text unidist shows about the folder passes through
+:func:`redact`, told every secret of the three (:func:`secrets_of`).
+
+Every operation on the store has a deadline (the state's ``timeout``): an endpoint that accepts
+connections and never answers costs that long, then a :class:`~unidist.errors.CheckpointError`
+that says so. For an asynchronous driver (s3fs, gcsfs, adlfs) the request is cancelled on its
+event loop; a synchronous one is left to finish in a thread of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -87,32 +94,73 @@ def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
     return re.sub(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+", clean, text)
 
 
-def secrets_of(options: Mapping[str, Any]) -> tuple[str, ...]:
-    """The values in ``options`` and the environment that must never be shown."""
+def secrets_of(options: Mapping[str, Any], url: str = "") -> tuple[str, ...]:
+    """The values in ``options``, in ``url``'s user part (a password, or a user alone: a
+    token) and in the environment that must never be shown."""
     from unidist import _env
 
     found = [str(v) for k, v in options.items() if _SENSITIVE_QUERY.search(k) and v]
+    with contextlib.suppress(ValueError):
+        parts = urlsplit(url)
+        if parts.password:
+            found.append(parts.password)
+        elif parts.username:
+            found.append(parts.username)
     found += _env.storage_secrets()
     return tuple(found)
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()`` in a thread of its own, awaited at most ``seconds`` (TimeoutError after)."""
+    result: list[Any] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            result.append(call())
+        except BaseException as exc:  # handed to the caller
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="unidist-store-call", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if failure:
+        raise failure[0]
+    return result[0]
 
 
 class Remote:
     """A prefix of an object store, with the operations the checkpoint folder needs."""
 
-    def __init__(self, fs: Any, path: str, url: Url, options: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        fs: Any,
+        path: str,
+        url: Url,
+        options: Mapping[str, Any],
+        secrets: tuple[str, ...] = (),
+        timeout: float | None = None,
+    ) -> None:
         self.fs = fs
         self.bucket_path = path.rstrip("/")
         self.path = url
         self.options = dict(options)
-        self._secrets = secrets_of(options)
+        self.timeout = timeout  # seconds each operation may take (None: the driver's own)
+        self._secrets = secrets or secrets_of(options)
 
     @classmethod
-    def open_root(cls, url: str, options: Mapping[str, Any]) -> Remote:
+    def open_root(
+        cls, url: str, options: Mapping[str, Any], timeout: float | None = None
+    ) -> Remote:
         try:
             from fsspec.core import url_to_fs  # type: ignore[import-untyped]
         except ImportError as exc:  # pragma: no cover - fsspec comes with torch
             raise CheckpointError(f"{url}: fsspec is needed for object stores") from exc
-        shown = Url(redact(url))
+        secrets = secrets_of(options, url)
+        shown = Url(redact(url, secrets))
         try:
             fs, path = url_to_fs(url, **options)
         except ImportError as exc:
@@ -127,9 +175,9 @@ class Remote:
         except Exception as exc:
             raise CheckpointError(
                 f"the checkpoint folder {shown} cannot be reached: "
-                f"{redact(repr(exc), secrets_of(options))[:400]}"
+                f"{redact(repr(exc), secrets)[:400]}"
             ) from None
-        return cls(fs, path, shown, options)
+        return cls(fs, path, shown, options, secrets, timeout)
 
     def _full(self, name: str) -> str:
         return f"{self.bucket_path}/{name}"
@@ -138,6 +186,31 @@ class Remote:
         return CheckpointError(
             f"{what} in {self.path} failed: {redact(repr(exc), self._secrets)[:400]}"
         )
+
+    def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``fs.<method>(*args, **kwargs)`` within :attr:`timeout`; FileNotFoundError passes,
+        any other failure is a CheckpointError about ``what``."""
+        try:
+            if self.timeout is None:
+                return getattr(self.fs, method)(*args, **kwargs)
+            if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None):
+                from fsspec.asyn import sync  # type: ignore[import-untyped]
+
+                # The request is cancelled on the driver's loop once the deadline passes.
+                coroutine = getattr(self.fs, f"_{method}")
+                return sync(self.fs.loop, coroutine, *args, timeout=self.timeout, **kwargs)
+            return _within(self.timeout, lambda: getattr(self.fs, method)(*args, **kwargs))
+        except FileNotFoundError:
+            raise
+        except TimeoutError:
+            raise CheckpointError(
+                f"{what} in {self.path}: the object store did not answer within "
+                f"{self.timeout:g} s. HINT: check that its endpoint (AWS_ENDPOINT_URL, "
+                "storage_options) is the store's and reachable, or give ResumableState a "
+                "longer timeout= if the store is merely slow."
+            ) from None
+        except Exception as exc:
+            raise self._error(what, exc) from None
 
     # -- the folder's operations (as handle.Dir's) --------------------------------------------
 
@@ -150,28 +223,25 @@ class Remote:
         return False
 
     def exists(self, name: str) -> bool:
-        try:
-            return bool(self.fs.exists(self._full(name)))
-        except Exception as exc:
-            raise self._error(f"looking for {name}", exc) from None
+        return bool(self._call(f"looking for {name}", "exists", self._full(name)))
 
     def read(self, name: str, *, limit: int, what: str) -> bytes:
         where = self.path / name
         try:
-            size = self.fs.size(self._full(name))
+            size = self._call(f"reading the {what} {name}", "size", self._full(name))
         except FileNotFoundError:
             raise CheckpointError(f"the {what} {where} is missing.") from None
-        except Exception as exc:
-            raise self._error(f"reading the {what} {name}", exc) from None
         if size is not None and size > limit:
             raise CheckpointError(
                 f"the {what} {where} holds {size} bytes, more than the {limit} of any file "
                 "unidist writes: it is not unidist's. HINT: remove it."
             )
         try:
-            data: bytes = self.fs.cat_file(self._full(name), start=0, end=limit + 1)
-        except Exception as exc:
-            raise self._error(f"reading the {what} {name}", exc) from None
+            data: bytes = self._call(
+                f"reading the {what} {name}", "cat_file", self._full(name), start=0, end=limit + 1
+            )
+        except FileNotFoundError:
+            raise CheckpointError(f"the {what} {where} is missing.") from None
         if len(data) > limit:
             raise CheckpointError(f"the {what} {where} grew past {limit} bytes while being read.")
         return data
@@ -179,8 +249,8 @@ class Remote:
     def write(self, name: str, data: bytes, *, sync_folder: bool = True) -> None:
         """One PUT: the object is replaced whole, or not at all."""
         try:
-            self.fs.pipe_file(self._full(name), data)
-        except Exception as exc:
+            self._call(f"writing {name}", "pipe_file", self._full(name), data)
+        except FileNotFoundError as exc:
             raise self._error(f"writing {name}", exc) from None
 
     def sync(self) -> None:
@@ -188,15 +258,15 @@ class Remote:
 
     def entries(self) -> list[str]:
         try:
-            found = self.fs.ls(self.bucket_path, detail=False, refresh=True)
+            found = self._call("listing", "ls", self.bucket_path, detail=False, refresh=True)
         except FileNotFoundError:
             return []
-        except Exception as exc:
-            raise self._error("listing", exc) from None
         return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in found})
 
     def open_dir(self, name: str) -> Remote:
-        return Remote(self.fs, self._full(name), self.path / name, self.options)
+        return Remote(
+            self.fs, self._full(name), self.path / name, self.options, self._secrets, self.timeout
+        )
 
     def open_or_make_dir(self, name: str) -> Remote:
         return self.open_dir(name)  # prefixes need no making
@@ -208,20 +278,12 @@ class Remote:
         """Nothing to do: access is the bucket's policy."""
 
     def unlink(self, name: str) -> None:
-        try:
-            self.fs.rm_file(self._full(name))
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise self._error(f"removing {name}", exc) from None
+        with contextlib.suppress(FileNotFoundError):
+            self._call(f"removing {name}", "rm_file", self._full(name))
 
     def remove(self, name: str) -> None:
-        try:
-            self.fs.rm(self._full(name), recursive=True)
-        except FileNotFoundError:
-            pass
-        except Exception as exc:
-            raise self._error(f"removing {name}", exc) from None
+        with contextlib.suppress(FileNotFoundError):
+            self._call(f"removing {name}", "rm", self._full(name), recursive=True)
 
     def writer(self) -> Any:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
@@ -239,7 +301,9 @@ class Remote:
         return f"{scheme}://{self.bucket_path}"
 
     def dup(self) -> Remote:
-        return Remote(self.fs, self.bucket_path, self.path, self.options)
+        return Remote(
+            self.fs, self.bucket_path, self.path, self.options, self._secrets, self.timeout
+        )
 
     def close(self) -> None:
         """Nothing held open."""

@@ -61,12 +61,17 @@ class Folder(Protocol):
 
 
 def open_root(
-    folder: str | os.PathLike[str], options: Mapping[str, Any], *, create: bool
+    folder: str | os.PathLike[str],
+    options: Mapping[str, Any],
+    *,
+    create: bool,
+    timeout: float | None = None,
 ) -> Folder:
-    """The checkpoint folder ``folder`` names: an object store's prefix for a URL, else a local
-    folder opened from ``/`` and checked (``file://`` URLs are local folders)."""
+    """The checkpoint folder ``folder`` names: an object store's prefix for a URL (each of its
+    operations bounded by ``timeout`` seconds), else a local folder opened from ``/`` and
+    checked (``file://`` URLs are local folders)."""
     if is_url(folder):
-        return Remote.open_root(str(folder), options)
+        return Remote.open_root(str(folder), options, timeout)
     path = (
         Path(str(folder)[len("file://") :]) if str(folder).startswith("file://") else Path(folder)
     )
