@@ -154,6 +154,14 @@ def test_a_long_legitimate_silence_is_not_a_hang(tmp_path: Path) -> None:
     assert "no rank made progress" not in done.stderr
 
 
+def test_a_loop_that_iterates_on_one_line_is_not_a_hang(tmp_path: Path) -> None:
+    # Rank 1 computes for 8 s in a loop whose body sits on one line (its innermost frame's
+    # line never changes) while rank 0 waits in all_reduce: longer than --hang-timeout.
+    done, _ = run(tmp_path, "busy", "--hang-timeout", "4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "no rank made progress" not in done.stderr
+
+
 def test_the_hang_timeout_is_checked_before_anything_starts(tmp_path: Path) -> None:
     for value, said in (
         ("soon", "neither 'auto' nor a number of seconds"),

@@ -172,7 +172,10 @@ def test_torchs_agent_gets_the_files_unidist_created(tmp_path: Path) -> None:
     private.mkdir(mode=0o700)
     run = _run_with_template(tmp_path, private)
     slot = run.current.slots[1]  # type: ignore[union-attr]
-    assert run.log_dest(slot) == (str(private / "out1.log"), str(slot.stderr))
+    # A log in the run folder: its name through the run folder's handle, whatever its path.
+    assert run.log_dest(slot) == (str(private / "out1.log"), str(slot.read_stderr))
+    assert str(slot.read_stderr).startswith(f"/proc/{os.getpid()}/fd/")
+    assert os.path.samefile(slot.read_stderr, slot.stderr)
 
 
 @pytest.mark.multiprocess

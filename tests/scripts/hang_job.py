@@ -10,7 +10,9 @@ start, for a straggler). Modes:
 * ``sigstop``: rank 1 stops itself with SIGSTOP;
 * ``ddp``: DDP training, rank 1 sleeps in its forward (``forward``) at step 5;
 * ``straggler``: rank 1 is ten times slower than rank 0 in every step, and both finish;
-* ``silence``: every rank sleeps 8 s at step 5 (a long checkpoint save), then finishes.
+* ``silence``: every rank sleeps 8 s at step 5 (a long checkpoint save), then finishes;
+* ``busy``: rank 1 computes for 8 s at step 5 in a loop that sits on one line (``busy_loop``)
+  while rank 0 waits in all_reduce, then both finish.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 import unidist
 
-STEPS = {"straggler": 30, "silence": 10}
+STEPS = {"straggler": 30, "silence": 10, "busy": 10}
 
 
 def slow_step() -> None:
@@ -34,6 +36,12 @@ def slow_step() -> None:
 
 def take_lock(lock: threading.Lock) -> None:
     lock.acquire()
+
+
+def busy_loop(seconds: float) -> int:
+    deadline, turns = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline: turns += 1  # fmt: skip  # noqa: E701
+    return turns
 
 
 def freeze_self() -> None:
@@ -54,6 +62,19 @@ class Net(torch.nn.Module):
     stall = False
 
 
+def misbehave(mode: str, lock: threading.Lock) -> str:
+    """What rank 1 does at step 5; "return" when it leaves its script."""
+    if mode == "sleep":
+        slow_step()
+    if mode == "lock":
+        take_lock(lock)
+    if mode == "sigstop":
+        freeze_self()
+    if mode == "busy":
+        busy_loop(8)
+    return "return" if mode == "early" else ""
+
+
 def main(mode: str) -> int:
     unidist.initialize()
     rank = unidist.get_rank()
@@ -68,15 +89,8 @@ def main(mode: str) -> int:
             Net.stall = step == 5
             model(torch.ones(2, 4)).sum().backward()
             continue
-        if rank == 1 and step == 5:
-            if mode == "sleep":
-                slow_step()
-            if mode == "lock":
-                take_lock(lock)
-            if mode == "early":
-                return 0
-            if mode == "sigstop":
-                freeze_self()
+        if rank == 1 and step == 5 and misbehave(mode, lock) == "return":
+            return 0
         if mode == "silence" and step == 5:
             time.sleep(8)  # every rank: a long save, no collective, no step
         if mode == "straggler":

@@ -144,6 +144,81 @@ class RankFacts:
         value["where"] = _frame_json(self.where)
         return value
 
+    @classmethod
+    def from_json(cls, item: Any, max_text: int = 4096) -> RankFacts | None:
+        """The facts :meth:`to_json` wrote, or None unless ``item`` has its shape: whole
+        numbers, texts of at most ``max_text`` characters, frames as it writes them."""
+        if not isinstance(item, dict):
+            return None
+        texts = ("host", "status", "state", "op")
+        numbers = ("rank", "node", "seq", "steps")
+        if not all(_is_text(item.get(name), max_text) for name in texts):
+            return None
+        if not all(_is_count(item.get(name)) for name in numbers):
+            return None
+        frame = _frame_text(item.get("frame"), max_text)
+        where = _frame_text(item.get("where"), max_text)
+        code, pid, samples = item.get("exit_code"), item.get("pid"), item.get("samples", {})
+        if frame is None or where is None or not isinstance(samples, dict):
+            return None
+        if not (code is None or _is_int(code)) or not (pid is None or _is_int(pid)):
+            return None
+        if not all(k in _PHASES and _is_count(v) for k, v in samples.items()):
+            return None
+        seconds = {name: item.get(name) for name in ("stuck_s", "silent_s")}
+        if not all(v is None or (_is_number(v) and v >= 0) for v in seconds.values()):
+            return None
+        return cls(
+            rank=item["rank"],
+            node=item["node"],
+            host=item["host"],
+            status=item["status"],
+            state=item["state"],
+            op=item["op"],
+            seq=item["seq"],
+            frame=frame,
+            where=where,
+            steps=item["steps"],
+            exit_code=code,
+            stuck_s=None if seconds["stuck_s"] is None else float(seconds["stuck_s"]),
+            silent_s=None if seconds["silent_s"] is None else float(seconds["silent_s"]),
+            pid=pid,
+            samples=dict(samples),
+        )
+
+
+_PHASES = ("user", "comm", "data", "backward")
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in (int, float) and value == value and abs(value) != float("inf")
+
+
+def _is_text(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and len(value) <= limit
+
+
+def _frame_text(value: Any, limit: int) -> str | None:
+    """A frame as :func:`_frame_json` wrote it, back as text ("" for none); None if malformed."""
+    if value is None:
+        return ""
+    if not isinstance(value, dict):
+        return None
+    path, line, function = value.get("file"), value.get("line"), value.get("function")
+    if not (_is_text(path, limit) and _is_text(function, limit)):
+        return None
+    if not (line is None or _is_count(line)):
+        return None
+    return f"{path}:{'' if line is None else line} {function}"
+
 
 def _frame_json(text: str) -> dict[str, Any] | None:
     if not text:

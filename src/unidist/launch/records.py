@@ -75,7 +75,12 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 @dataclass(frozen=True)
 class Slot:
-    """One rank of one start of this node, as torch's agent placed it."""
+    """One rank of one start of this node, as torch's agent placed it.
+
+    ``stdout`` and ``stderr`` are its log files as messages show them; ``io_stdout`` and
+    ``io_stderr``, when set, are the names the launcher reads and hands on (through the run
+    folder's handle: see :mod:`unidist.launch.supervise.runner`).
+    """
 
     rank: int
     local_rank: int
@@ -83,6 +88,16 @@ class Slot:
     world_size: int
     stdout: Path
     stderr: Path
+    io_stdout: Path | None = None
+    io_stderr: Path | None = None
+
+    @property
+    def read_stdout(self) -> Path:
+        return self.io_stdout or self.stdout
+
+    @property
+    def read_stderr(self) -> Path:
+        return self.io_stderr or self.stderr
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def why(path: Path, exc: OSError) -> str:
     return str(exc.strerror or exc)
 
 
-def open_private(path: Path) -> int:
+def open_private(path: Path, shown: Path | None = None) -> int:
     """Create (or empty) the log file ``path``, mode 0600, and return a descriptor open for
     writing; missing folders are created 0700.
 
@@ -100,11 +100,13 @@ def open_private(path: Path) -> int:
     component is never followed if it is a symbolic link (``O_NOFOLLOW``), a new file is created
     with ``O_EXCL``, and an existing file is used only if it is a regular file of this user's
     with no other hard link (an earlier run's log); it is emptied only after that check.
+    ``shown``: the file's name in messages, when ``path`` reaches it through a folder's handle.
 
     Raises:
         ConfigurationError: the file cannot be created or must not be written, with the reason
             and the fix.
     """
+    name = str(shown if shown is not None else path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -117,22 +119,22 @@ def open_private(path: Path) -> int:
             with contextlib.suppress(OSError):
                 problem = existing_problem(path.lstat())
                 if problem is not None:
-                    raise ConfigurationError(f"the log file {str(path)!r} {problem}") from None
+                    raise ConfigurationError(f"the log file {name!r} {problem}") from None
         raise ConfigurationError(
-            f"cannot write the log file {str(path)!r} ({why(path.parent, exc)}). HINT: choose a "
+            f"cannot write the log file {name!r} ({why(path.parent, exc)}). HINT: choose a "
             "writable place with --log-dir, --stdout or --stderr."
         ) from None
     try:
         problem = existing_problem(os.fstat(fd))
         if problem is not None:
-            raise ConfigurationError(f"the log file {str(path)!r} {problem}")
+            raise ConfigurationError(f"the log file {name!r} {problem}")
         os.set_blocking(fd, True)
         os.ftruncate(fd, 0)
         os.fchmod(fd, 0o600)
     except OSError as exc:
         os.close(fd)
         raise ConfigurationError(
-            f"cannot write the log file {str(path)!r} ({exc.strerror or exc}). HINT: choose a "
+            f"cannot write the log file {name!r} ({exc.strerror or exc}). HINT: choose a "
             "writable place with --log-dir, --stdout or --stderr."
         ) from None
     except BaseException:

@@ -4,8 +4,9 @@ The watchdog's sweeps see an exit up to one interval late, under load later stil
 found gone in one sweep could have died in either order: a rank that crashed and left no record
 (its disk was full) would be ordered by the sweep, not by the crash. :class:`ExitClock` blocks in
 ``poll()`` on a pidfd per rank and stamps each exit when it wakes, so the report orders such
-crashes by when they happened. Where pidfds are missing (another OS, an old kernel) it stamps
-nothing and the sweeps' times stand.
+crashes by when they happened. It keeps no stamps: each goes to the ``notify`` it was given (the
+supervisor's inbox). Where pidfds are missing (another OS, an old kernel) it stamps nothing and
+the sweeps' times stand.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import select
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 __all__ = ["ExitClock"]
 
@@ -24,17 +25,18 @@ class ExitClock(threading.Thread):
     """A thread that stamps the exit of every process it is asked to watch.
 
     Args:
+        notify: called from this thread with (key, ns since the epoch) for each exit.
         interval: seconds between looks for newly watched processes while none exits.
     """
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, notify: Callable[[Hashable, int], None], interval: float = 0.05) -> None:
         super().__init__(name="unidist-launch-exit-clock", daemon=True)
         self._interval_ms = max(1, int(interval * 1000))
         self._lock = threading.Lock()
         self._poll = select.poll() if hasattr(select, "poll") else None
         self._fds: dict[int, Hashable] = {}  # pidfd -> key
         self._known: set[Hashable] = set()
-        self._stamps: dict[Hashable, int] = {}
+        self._notify = notify
         self._halt = threading.Event()
 
     def watch(self, key: Hashable, pid: int) -> None:
@@ -51,24 +53,22 @@ class ExitClock(threading.Thread):
             self._fds[fd] = key
             self._poll.register(fd, select.POLLIN)
 
-    def when(self, key: Hashable) -> int | None:
-        """When the process of ``key`` exited (ns since the epoch), if this clock saw it."""
-        with self._lock:
-            return self._stamps.get(key)
-
     def run(self) -> None:
         if self._poll is None:
             return
         while not self._halt.is_set():
             ready = self._poll.poll(self._interval_ms)
             now = time.time_ns()
+            ended = []
             with self._lock:
                 for fd, _ in ready:
                     key = self._fds.pop(fd, None)
                     self._poll.unregister(fd)
                     os.close(fd)
                     if key is not None:
-                        self._stamps.setdefault(key, now)
+                        ended.append(key)
+            for key in ended:
+                self._notify(key, now)
 
     def stop(self) -> None:
         """Stop the thread and close every pidfd it still holds."""

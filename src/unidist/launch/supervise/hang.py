@@ -19,7 +19,6 @@ goes to ``hang.json`` in the run folder and to the console; the watchdog then st
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import time
@@ -31,9 +30,9 @@ from typing import Any
 from unidist._progress import record
 from unidist._progress.record import Snapshot, State
 from unidist._progress.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
-from unidist.launch.printing import shown
-from unidist.launch.rank.runtime import STACK_SIGNAL
+from unidist.launch.printing import escaped, shown
 from unidist.launch.records import Start
+from unidist.launch.supervise.procs import Proc
 from unidist.launch.supervise.watch import Observed
 
 __all__ = ["HANG_EXIT_CODE", "HangReport", "HangWatch", "StragglerReport", "render"]
@@ -56,8 +55,22 @@ class HangReport:
     rule: str
     facts: list[RankFacts]
     nodes_missing: list[int] = field(default_factory=list)
+    #: Who called it, when not this node's own watch: the node a hang flag on the rendezvous
+    #: store names ("?": a flag no launcher of the job wrote).
+    called_by: str | None = None
 
     def headline(self) -> str:
+        if self.called_by is not None:
+            who = (
+                f"node {self.called_by}'s launcher"
+                if self.called_by != "?"
+                else "a writer of the rendezvous store that is no launcher of this job"
+            )
+            return (
+                f"unidist launch: the hang was called by {who} (the hang flag on the rendezvous "
+                f"store); here the last progress was {self.silence:.0f} s ago ({self.rule}): "
+                f"{self.verdict}"
+            )
         return (
             f"unidist launch: no rank made progress for {self.silence:.0f} s ({self.rule}): "
             f"{self.verdict}"
@@ -69,7 +82,8 @@ class HangReport:
             lines.append(f"  {_describe(fact)}")
             if logs is not None and fact.rank in logs:
                 lines.append(f"      every thread's stack: {shown(logs[fact.rank])}")
-        return "\n".join(lines) + "\n"
+        # A frame, a host or an operation is the ranks' text: never a terminal's command.
+        return "".join(escaped(line) + "\n" for line in lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +92,7 @@ class HangReport:
             "silence_s": round(self.silence, 3),
             "timeout_s": round(self.timeout, 3),
             "rule": self.rule,
+            "called_by": self.called_by,
             "nodes_missing": self.nodes_missing,
             "ranks": [fact.to_json() for fact in sorted(self.facts, key=lambda f: f.rank)],
         }
@@ -96,7 +111,7 @@ class StragglerReport:
             return ""
         lines = [f"unidist launch: stragglers over {self.seconds:.0f} s of {self.ranks} ranks:"]
         lines.extend(f"  {s.line()}" for s in self.found)
-        return "\n".join(lines) + "\n"
+        return "".join(escaped(line) + "\n" for line in lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -168,7 +183,7 @@ class HangWatch:
         """
         now = self.clock()
         if start.index != self._start:  # a restart: a new job, as far as progress goes
-            self._start, self._token = start.index, None
+            self._start, self._token, self.snapshots = start.index, None, {}
             self.deadline = Deadline(self.fixed, now)
             self.called = None
         for slot in start.slots.values():
@@ -205,10 +220,12 @@ class HangWatch:
         """This node's progress as one number that only grows (for the relay)."""
         return sum(sum(s.progress) for s in self.snapshots.values())
 
-    def ask_for_stacks(self, start: Start, procs: Mapping[int, tuple[int, int | None]]) -> None:
+    def ask_for_stacks(
+        self, start: Start, procs: Mapping[int, Proc], signal: Callable[[Proc], None]
+    ) -> None:
         """Every live rank dumps every thread's stack into its stderr log: through its sampler
-        thread, or, for a rank that cannot answer within :data:`DUMP_WAIT`, through the stack
-        signal (faulthandler, registered by the rank's bootstrap)."""
+        thread, or, for a rank that cannot answer within :data:`DUMP_WAIT`, through ``signal``
+        (the stack signal, which faulthandler answers: the rank's bootstrap registers it)."""
         asked = {}
         for rank in procs:
             asked[rank] = record.ask_for_stacks(self.path(start.index, rank))
@@ -222,25 +239,23 @@ class HangWatch:
             if waiting:
                 time.sleep(0.05)
         for rank in waiting:
-            pid = procs[rank][0]
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, STACK_SIGNAL)  # faulthandler, registered by the rank's bootstrap
+            signal(procs[rank])
 
     def facts(
         self,
         start: Start,
-        procs: Mapping[int, tuple[int, int | None]],
+        procs: Mapping[int, Proc],
         seen: Observed,
         hosts: Mapping[int, str],
-        frozen: Callable[[int], bool],
+        frozen: Callable[[Proc], bool],
     ) -> list[RankFacts]:
-        """This node's ranks as the verdict needs them."""
+        """This node's ranks as the verdict needs them (``procs``: their verified processes)."""
         now_ns = time.monotonic_ns()
         found = []
         for slot in sorted(start.slots.values(), key=lambda s: s.rank):
             snap = self.snapshots.get(slot.rank)
             watch = seen.get(slot.rank)
-            pid = procs.get(slot.rank, (snap.pid if snap else 0, None))[0]
+            proc = procs.get(slot.rank)
             exited: int | bool | None = False
             if watch.gone:
                 exited = None if watch.status is None else _code(watch.status)
@@ -251,14 +266,20 @@ class HangWatch:
                     hosts.get(slot.rank, "?"),
                     snap,
                     exited=exited,
-                    frozen=bool(pid) and not watch.gone and frozen(pid),
+                    frozen=proc is not None and not watch.gone and frozen(proc),
                     now_ns=now_ns,
                     silent_after=SILENT_AFTER,
                 )
             )
         return found
 
-    def call(self, facts: list[RankFacts], nodes_missing: list[int] | None = None) -> HangReport:
+    def call(
+        self,
+        facts: list[RankFacts],
+        nodes_missing: list[int] | None = None,
+        called_by: str | None = None,
+    ) -> HangReport:
+        """The hang, as this node reports it (``called_by``: the node whose flag called it)."""
         now = self.clock()
         self.called = HangReport(
             verdict(facts),
@@ -267,6 +288,7 @@ class HangWatch:
             self.deadline.describe(),
             facts,
             sorted(nodes_missing or []),
+            called_by,
         )
         return self.called
 
@@ -290,7 +312,8 @@ def write(folder: Path, name: str, value: dict[str, Any]) -> Path:
 
 
 def render(folder: Path) -> str:
-    """``unidist report RUN_DIR``: the hang and straggler reports of a run, again."""
+    """``unidist report RUN_DIR``: the hang and straggler reports of a run, again; a file that
+    is not one of them is named in one line."""
     parts = []
     for name in ("hang.json", "stragglers.json"):
         path = folder / name
@@ -299,47 +322,77 @@ def render(folder: Path) -> str:
         try:
             value = json.loads(path.read_text())
         except (OSError, ValueError, RecursionError) as exc:
-            parts.append(f"{shown(path)}: cannot be read ({exc})\n")
+            parts.append(f"{shown(path)}: cannot be read ({escaped(str(exc))[:200]})\n")
             continue
-        parts.append(_render_one(value, path))
+        try:
+            parts.append(_render_one(value))
+        except _NotAReport as exc:
+            parts.append(f"{shown(path)}: not a unidist report ({exc})\n")
     return "".join(parts)
 
 
-def _render_one(value: Any, path: Path) -> str:
+class _NotAReport(ValueError):
+    """A field of the report that is not as unidist writes it."""
+
+
+def _render_one(value: Any) -> str:
     if not isinstance(value, dict):
-        return f"{shown(path)}: not a unidist report\n"
+        raise _NotAReport("not a JSON object")
     if value.get("kind") == "hang":
-        facts = [
-            _facts_from_json(item) for item in value.get("ranks", []) if isinstance(item, dict)
-        ]
+        items = value.get("ranks", [])
+        if not isinstance(items, list):
+            raise _NotAReport('"ranks" is not a list')
+        facts = []
+        for index, item in enumerate(items):
+            fact = RankFacts.from_json(item)
+            if fact is None:
+                raise _NotAReport(f'"ranks"[{index}] is not one rank\'s facts')
+            facts.append(fact)
+        missing = value.get("nodes_missing", [])
+        called_by = value.get("called_by")
+        if not isinstance(missing, list) or not all(type(n) is int for n in missing):
+            raise _NotAReport('"nodes_missing" is not a list of node numbers')
+        if not (called_by is None or isinstance(called_by, str)):
+            raise _NotAReport('"called_by" is not a text')
         report = HangReport(
-            str(value.get("verdict", "")),
-            float(value.get("silence_s", 0)),
-            float(value.get("timeout_s", 0)),
-            str(value.get("rule", "")),
+            _text(value, "verdict"),
+            _seconds(value, "silence_s"),
+            _seconds(value, "timeout_s"),
+            _text(value, "rule"),
             facts,
-            list(value.get("nodes_missing", [])),
+            missing,
+            called_by,
         )
         return report.format()
     if value.get("kind") == "stragglers":
-        found = value.get("stragglers", [])
-        lines = [f"unidist launch: stragglers over {float(value.get('seconds', 0)):.0f} s:"]
-        for item in found:
-            if isinstance(item, dict):
-                with contextlib.suppress(TypeError, KeyError, ValueError):
-                    lines.append(f"  {Straggler(**item).line()}")
-        if not found:
-            lines.append("  none: every rank kept pace with the others")
-        return "\n".join(lines) + "\n"
-    return f"{shown(path)}: not a unidist report\n"
+        return _render_stragglers(value)
+    raise _NotAReport('its "kind" is neither "hang" nor "stragglers"')
 
 
-def _facts_from_json(item: dict[str, Any]) -> RankFacts:
-    def frame(value: Any) -> str:
-        if not isinstance(value, dict):
-            return ""
-        return f"{value.get('file')}:{value.get('line')} {value.get('function')}"
+def _render_stragglers(value: dict[str, Any]) -> str:
+    found = value.get("stragglers", [])
+    if not isinstance(found, list):
+        raise _NotAReport('"stragglers" is not a list')
+    lines = [f"unidist launch: stragglers over {_seconds(value, 'seconds'):.0f} s:"]
+    for item in found:
+        try:
+            lines.append(f"  {Straggler(**item).line()}")
+        except (TypeError, KeyError, ValueError) as exc:
+            raise _NotAReport(f"a straggler is not as unidist writes one ({exc})") from None
+    if not found:
+        lines.append("  none: every rank kept pace with the others")
+    return "".join(escaped(line) + "\n" for line in lines)
 
-    known = {k: v for k, v in item.items() if k in RankFacts.__dataclass_fields__}
-    known["frame"], known["where"] = frame(item.get("frame")), frame(item.get("where"))
-    return RankFacts(**known)
+
+def _text(value: dict[str, Any], name: str) -> str:
+    found = value.get(name, "")
+    if not isinstance(found, str):
+        raise _NotAReport(f'"{name}" is not a text')
+    return found
+
+
+def _seconds(value: dict[str, Any], name: str) -> float:
+    found = value.get(name, 0)
+    if type(found) not in (int, float) or not 0 <= found < float("inf"):
+        raise _NotAReport(f'"{name}" is not a number of seconds')
+    return float(found)

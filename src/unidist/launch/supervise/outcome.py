@@ -63,3 +63,6 @@ class RankOutcome:
     remote: bool = False  # on another node: its launcher told this one (stdout, stderr: there)
     #: Why its log files could not be written (a full disk, an I/O error), if they could not.
     log_error: str | None = None
+    #: The names the launcher reads its logs by (see :class:`unidist.launch.records.Slot`).
+    read_stdout: Path | None = None
+    read_stderr: Path | None = None

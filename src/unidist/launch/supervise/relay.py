@@ -67,6 +67,7 @@ from typing import Any
 
 from unidist._comm.link import Link, connect_within
 from unidist._progress.verdict import RankFacts
+from unidist.launch.supervise.events import Culprit, Event, HangFlag
 from unidist.launch.supervise.outcome import Status
 
 __all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
@@ -184,50 +185,23 @@ def _facts(raw: bytes | str, node: int, current: tuple[str, int, int]) -> list[R
 
 
 def _fact(item: Any) -> RankFacts | None:
-    if not isinstance(item, dict):
+    """One rank's facts from another node, or None unless well formed and printable."""
+    fact = RankFacts.from_json(item, _MAX_PATH)
+    if fact is None:
         return None
-    texts = ("host", "status", "state", "op")
-    numbers = ("rank", "node", "seq", "steps")
-    if not all(_text(item.get(name), _MAX_TEXT) for name in texts):
+    short = (fact.host, fact.status, fact.state, fact.op)
+    if any(len(text) > _MAX_TEXT for text in short):
         return None
-    if not all(isinstance(item.get(name), int) and item[name] >= 0 for name in numbers):
-        return None
+    texts = (*short, fact.frame, fact.where)
+    return fact if all(text.isprintable() for text in texts) else None
 
-    def frame(value: Any) -> str:
-        if not isinstance(value, dict) or not _text(str(value.get("file")), _MAX_PATH):
-            return ""
-        line, function = value.get("line"), value.get("function")
-        if not (line is None or isinstance(line, int)) or not _text(str(function), _MAX_TEXT):
-            return ""
-        return f"{value.get('file')}:{line} {function}"
 
-    def number(name: str) -> float | None:
-        value = item.get(name)
-        return float(value) if isinstance(value, int | float) and value >= 0 else None
-
-    code = item.get("exit_code")
-    samples = item.get("samples")
-    return RankFacts(
-        rank=item["rank"],
-        node=item["node"],
-        host=item["host"],
-        status=item["status"],
-        state=item["state"],
-        op=item["op"],
-        seq=item["seq"],
-        frame=frame(item.get("frame")),
-        where=frame(item.get("where")),
-        steps=item["steps"],
-        exit_code=code if isinstance(code, int) else None,
-        stuck_s=number("stuck_s"),
-        silent_s=number("silent_s"),
-        pid=item["pid"] if isinstance(item.get("pid"), int) else None,
-        samples={
-            k: v
-            for k, v in (samples.items() if isinstance(samples, dict) else [])
-            if k in ("user", "comm", "data", "backward") and isinstance(v, int) and v >= 0
-        },
-    )
+def _flag_node(raw: Any, current: tuple[str, int, int]) -> int | None:
+    """The node a hang flag names (its launcher writes its node rank), or None for anything
+    else: a value some other writer of the store put there."""
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw or "")
+    nodes = max(1, current[1] // current[2])
+    return int(text) if text.isdigit() and len(text) < 8 and int(text) < nodes else None
 
 
 def lost(node: int, nproc: int, silent: float, watcher: int) -> Failure:
@@ -284,14 +258,25 @@ class _Watch:
 class Relay(threading.Thread):
     """Publishes this node's culprit and watches for another node's, on the rendezvous store.
 
-    The watchdog calls :meth:`round` when a new start of this node's ranks begins, :meth:`publish`
-    when one of them fails, and reads :meth:`received`; every store round trip happens in this
-    thread, so a slow or vanished store never delays the watchdog.
+    The supervisor calls :meth:`round` when a new start of this node's ranks begins and
+    :meth:`publish` when one of them fails; what this thread learns (the job's culprit, a hang
+    called elsewhere) it posts to ``notify`` (the supervisor's inbox) as a
+    :class:`~unidist.launch.supervise.events.Culprit` or
+    :class:`~unidist.launch.supervise.events.HangFlag`. Every store round trip happens in this
+    thread, so a slow or vanished store never delays the supervisor.
     """
 
-    def __init__(self, host: str, port: int, run_id: str, lost: float = LOST) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        run_id: str,
+        lost: float = LOST,
+        notify: Callable[[Event], None] | None = None,
+    ) -> None:
         super().__init__(name="unidist-launch-relay", daemon=True)
         self.lost = lost  # seconds of a still beat that make a node lost
+        self.notify = notify  # set before start()
         self._address = (host, port)
         self._prefix = f"unidist/launch/{run_id}"
         self._lock = threading.Lock()
@@ -361,14 +346,9 @@ class Relay(threading.Thread):
             self._progress = (count, self._progress[1])
             return self._total
 
-    def hang_called(self) -> bool:
-        """Whether another node's launcher called a hang in this round."""
-        with self._lock:
-            return self._hang_elsewhere
-
-    def hang_facts(self, facts: list[RankFacts], nodes: int) -> tuple[list[RankFacts], list[int]]:
-        """Share this node's ``facts`` and gather every node's (at most :data:`GATHER` s):
-        (every rank's facts, the nodes that did not answer)."""
+    def hang_facts(self, facts: list[RankFacts]) -> tuple[list[RankFacts], list[int]]:
+        """Share this node's ``facts`` and gather those of every node of the round (at most
+        :data:`GATHER` s): (every rank's facts, the nodes that did not answer)."""
         with self._lock:
             current = self._round
             node = self._node
@@ -581,8 +561,12 @@ class Relay(threading.Thread):
             payload, node, elsewhere = self._hang_out, self._node, self._hang_elsewhere
         if payload is None:
             if not elsewhere and self._call(lambda store: store.check([flag])):
+                raw = self._call(lambda store: store.get(flag))
                 with self._lock:
                     self._hang_elsewhere = self._round == current
+                    told = self._hang_elsewhere
+                if told:
+                    self._tell(HangFlag(current[0], _flag_node(raw, current)))
             return
         self._call(lambda store: store.compare_set(flag, "", str(node)))
         self._call(lambda store: store.set(self._key(current[0], f"hang/{node}"), payload))
@@ -642,11 +626,18 @@ class Relay(threading.Thread):
         with self._lock:
             if self._round != current:
                 return
+            new = self._received != (current[0], found)
             self._received = (current[0], found)
             ack = self._acked != current[0] and self._left != current[0]  # left: counted so
             self._acked = current[0]
+        if new:
+            self._tell(Culprit(current[0], found))
         if ack:
             self._add(self._key(current[0], "seen"), 1)
+
+    def _tell(self, event: Event) -> None:
+        if self.notify is not None:
+            self.notify(event)
 
     def _add(self, key: str, amount: int) -> int | None:
         result: int | None = self._call(lambda store: store.add(key, amount))

@@ -72,6 +72,8 @@ class Report:
     hang: HangReport | None = None
     #: The ranks consistently slower than the others (printed when there are any).
     stragglers: StragglerReport | None = None
+    #: What must stay open while the report reads the logs (the run folder's handle).
+    keep: Any = None
 
     @property
     def failed(self) -> bool:
@@ -223,12 +225,13 @@ def check_logs(report: Report) -> None:
 def _check_logs(o: RankOutcome, probed: dict[Path, str | None]) -> None:
     """Name a log that could not be written, the likely cause of a rank's failure."""
     found: dict[str, list[Path]] = {}
-    for path in dict.fromkeys((o.stdout, o.stderr)):
+    shown_as = {o.read_stdout or o.stdout: o.stdout, o.read_stderr or o.stderr: o.stderr}
+    for path, shown_path in shown_as.items():
         if path.parent not in probed:
             probed[path.parent] = storage_problem(path.parent)
         why = probed[path.parent]
         if why is not None:
-            found.setdefault(why, []).append(path)
+            found.setdefault(why, []).append(shown_path)
     if not found:
         return
     o.log_error = "; ".join(
@@ -249,7 +252,7 @@ def _excerpt(o: RankOutcome, lines: int = _TAIL_LINES) -> list[str]:
             f"      full logs on {o.host}: {shown(o.stderr)}",
             f"                 {shown(o.stdout)}",
         ]
-    text = _read(o.stderr)
+    text = _read(o.read_stderr or o.stderr)
     stack: list[str] = []
     if o.status in (Status.STOPPED, Status.HUNG):
         stack = stack_excerpt(text, lines)
@@ -534,7 +537,17 @@ def _outcome(
     def outcome(kind: Status, detail: str, when: int | None) -> RankOutcome:
         host = str(found.get(("start", rank), {}).get("host", "?"))
         return RankOutcome(
-            rank, slot.local_rank, host, kind, detail, code, when, slot.stdout, slot.stderr
+            rank,
+            slot.local_rank,
+            host,
+            kind,
+            detail,
+            code,
+            when,
+            slot.stdout,
+            slot.stderr,
+            read_stdout=slot.read_stdout,
+            read_stderr=slot.read_stderr,
         )
 
     if error is not None and error.get("kind") in _ERROR_WORDS:
