@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
+import inspect
 import json
 import logging
 import os
@@ -13,12 +15,15 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -381,6 +386,124 @@ def test_a_read_lock_of_this_users_own_process_is_refused_by_its_pid(tmp_path: P
     assert (tmp_path / LOCK).stat().st_ino == before
 
 
+def _hidepid(real_stat: Callable[..., os.stat_result]) -> Callable[..., os.stat_result]:
+    """``os.stat`` as /proc mounted with ``hidepid=2`` makes it: another user's process is not
+    there at all (ENOENT, as for a process that ended)."""
+
+    def hidden(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        info = real_stat(path, *args, **kw)
+        name = str(path)
+        if name.startswith("/proc/") and name[6:].isdigit() and info.st_uid != os.geteuid():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+        return info
+
+    return hidden
+
+
+#: RUN where /proc hides other users' processes (``hidepid=2``).
+HIDEPID = (
+    "from __future__ import annotations\nimport errno, os\nfrom typing import Any, Callable\n"
+    + textwrap.dedent(inspect.getsource(_hidepid))
+    + "os.stat = _hidepid(os.stat)\n"
+    + RUN
+)
+
+
+def _as_nobody(folder: Path, script: str = RUN) -> Run:
+    """``script`` (RUN, or RUN with something before it) run by uid 65534 on ``folder``."""
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+    process = subprocess.Popen(
+        [*as_nobody, sys.executable, "-c", script, str(folder), "run-a", "", "hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    return Run(process)
+
+
+@pytest.mark.otheruser
+def test_a_read_lock_of_another_user_that_proc_hides_is_replaced(base: Path) -> None:
+    # /proc mounted with hidepid=2 shows the owner none of another user's processes: the
+    # squatter's pid looks like that of a process that ended. That the owner may not signal it
+    # (EPERM) says it lives and is another user's: its read lock is replaced, not waited for.
+    folder = base / "ckpt"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, NOBODY, NOBODY)
+    _as_nobody(folder).end()  # the owner, uid 65534, makes its .lock
+    before = (folder / LOCK).stat().st_ino
+    squatter = _squat(folder / LOCK, "read", user=None)  # root's read lock: another user's
+    try:
+        owner = _as_nobody(folder, HIDEPID)
+        try:
+            assert "holding" in owner.said, owner.said
+        finally:
+            owner.end()
+    finally:
+        squatter.communicate("", timeout=60)
+    assert (folder / LOCK).stat().st_ino != before
+    assert sorted(os.listdir(folder)) == [LOCK]
+
+
+@pytest.mark.otheruser
+def test_a_read_lock_that_proc_hides_from_root_is_refused_at_once_and_the_file_kept(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Root may signal every process, so a signal tells root only that the hidden process
+    # lives, not whose it is: nothing proves it is not root's own. Refused by its pid, at once
+    # (it is not a replacement under way), with the way out; the file is left as it is.
+    folder = base / "ckpt"
+    _take(folder).release()
+    subprocess.run(["chmod", "-R", "go+rX", str(folder)], check=True)
+    before = (folder / LOCK).stat().st_ino
+    squatter = _squat(folder / LOCK, "read")
+    try:
+        monkeypatch.setattr(os, "stat", _hidepid(os.stat))
+        monkeypatch.setattr(lock_module, "time", _NoWait)
+        with pytest.raises(CheckpointError) as refused:
+            _take(folder)
+    finally:
+        monkeypatch.undo()
+        squatter.communicate("", timeout=60)
+    message = str(refused.value)
+    assert f"pid {squatter.pid}, which /proc of this host does not say whose it is" in message
+    assert "replacing" not in message
+    assert f"when no run of yours uses the folder, rm {folder / LOCK} (the new" in message
+    assert (folder / LOCK).stat().st_ino == before
+
+
+#: RUN's arguments after the folder: job run-b, no run id, hold.
+RUN_B = ("run-b", "", "hold")
+
+
+@pytest.mark.netns
+def test_a_read_lock_of_another_pid_namespace_is_refused_and_the_file_kept(
+    tmp_path: Path,
+) -> None:
+    # The kernel reports the holder of a lock as pid 0 when it is a process of a pid namespace
+    # the asking process cannot see (another container's, or the host's): whose it is, nothing
+    # here can tell. Refused, never replaced.
+    _take(tmp_path).release()
+    before = (tmp_path / LOCK).stat().st_ino
+    reader = _squat(tmp_path / LOCK, "read", user=None)
+    try:
+        inside = subprocess.Popen(
+            ["unshare", "--pid", "--fork", sys.executable, "-c", RUN, str(tmp_path), *RUN_B],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_env(),
+        )
+        run = Run(inside)
+        run.end()
+    finally:
+        reader.communicate("", timeout=60)
+    message = run.said["refused"]
+    assert "in use by a process of another pid namespace" in message
+    assert f"rm {tmp_path / LOCK} (the new one is private" in message
+    assert (tmp_path / LOCK).stat().st_ino == before
+
+
 # 19: torchrun's placeholder run id -----------------------------------------------------------
 
 
@@ -394,13 +517,16 @@ class _NoWait:
         raise AssertionError(f"the lock waited ({seconds} s)")
 
 
-@pytest.mark.parametrize(("theirs", "ours"), [("none", "none"), ("", "none"), ("none", "rdzv-7")])
-def test_a_run_with_torchruns_placeholder_run_id_is_never_waited_for(
+@pytest.mark.parametrize(
+    ("theirs", "ours"),
+    [("none", "none"), ("", "none"), ("none", "rdzv-7"), ("unidist", "unidist")],
+)
+def test_a_run_with_a_launchers_placeholder_run_id_is_never_waited_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, theirs: str, ours: str
 ) -> None:
-    # Two torchrun launches without --rdzv-id both get the run id "none": neither is a restart
-    # of the other. Refused at once, naming the holder, with a HINT when this run's own id says
-    # nothing.
+    # Two torchrun launches without --rdzv-id both get the run id "none", two multi-node
+    # launches of unidist launch "unidist": neither is a restart of the other. Refused at once,
+    # naming the holder, with a HINT when this run's own id says nothing.
     holder = _run(tmp_path, "run-a", run_id=theirs)
     try:
         monkeypatch.setattr(lock_module, "time", _NoWait)
@@ -411,8 +537,9 @@ def test_a_run_with_torchruns_placeholder_run_id_is_never_waited_for(
     message = str(refused.value)
     assert f"in use by job 'run-a' (pid {holder.process.pid} " in message
     assert "same run" not in message
-    if ours == "none":
-        assert "placeholder" in message
+    if ours != "rdzv-7":
+        launcher = {"none": "torchrun", "unidist": "unidist launch"}[ours]
+        assert f"This run's id is {launcher}'s placeholder {ours!r} (no --rdzv-id)" in message
         assert "HINT: pass the same real --rdzv-id" in message
 
 
@@ -587,6 +714,35 @@ def test_an_error_of_the_lock_file_is_a_checkpoint_error_and_leaves_nothing_open
     root.close()
 
 
+def test_a_lock_whose_folder_handle_cannot_be_kept_is_let_go_and_leaves_nothing_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lock is taken, then its holder needs a handle of the folder of its own (a dup): with
+    # no descriptor left, the locked file must be closed (which lets the lock go), not leaked.
+    root = Dir.open_root(tmp_path, create=True)
+    open_before = sorted(os.listdir("/proc/self/fd"))
+
+    def no_descriptor_left(self: Dir) -> Dir:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(Dir, "dup", no_descriptor_left)
+    with pytest.raises((CheckpointError, OSError)) as refused:
+        RunLock.acquire(root, job="run-a", run_id=None, timeout=0)
+    monkeypatch.undo()
+    assert sorted(os.listdir("/proc/self/fd")) == open_before  # nothing left open or held
+    assert isinstance(refused.value, CheckpointError), refused.value
+    message = str(refused.value)
+    assert f"{tmp_path}/.lock" in message
+    assert "Too many open files in this process" in message
+    assert "ulimit -n" in message
+    other = _run(tmp_path, "run-b")
+    try:
+        assert "holding" in other.said, other.said
+    finally:
+        other.end()
+    root.close()
+
+
 # the price of a POSIX lock: any descriptor of .lock closed in the holding process drops it ----
 
 
@@ -608,6 +764,217 @@ def test_a_lock_dropped_by_a_stray_close_is_caught_by_check(tmp_path: Path) -> N
             other.end()
     finally:
         lock.release()
+
+
+# threads of one process share its locks: one at a time opens or closes .lock ------------------
+
+
+class _WouldHang(BaseException):
+    """Not an Exception: no ``suppress(Exception)`` of the code under test hides it."""
+
+
+class _WatchedGuard:
+    """Stands in for the lock module's guard: says when a thread finds it taken (``contended``),
+    and fails a thread that would wait for the guard it holds itself instead of hanging it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self.contended = threading.Event()
+        self.self_waits = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(blocking=False):
+            self._owner = threading.get_ident()
+            return True
+        if not blocking:
+            return False
+        if self._owner == threading.get_ident():
+            self.self_waits += 1
+            raise _WouldHang("a thread waits for the lock module's guard, which it holds")
+        self.contended.set()
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        self._owner = None
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_release_closes_the_file_before_another_thread_may_open_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Closing any descriptor of .lock drops every lock the process holds on it. A thread that
+    # lets go is stopped just before it empties and closes its descriptor, while another thread
+    # takes the folder: the taker must wait until that close is done (or it would open a
+    # descriptor of its own, have its note erased, and hold a lock nobody holds).
+    guard = _WatchedGuard()
+    monkeypatch.setattr(lock_module, "_GUARD", guard)
+    first = _take(tmp_path, "run-a")
+    paused = threading.Event()
+    moved_on = guard.contended  # set too once the taker is done
+    problems: list[str] = []
+    real_ftruncate = os.ftruncate
+
+    def ftruncate(fd: int, length: int) -> None:
+        if threading.current_thread() is releasing and not paused.is_set():
+            paused.set()
+            if not moved_on.wait(60):
+                problems.append("the taker neither waited for the guard nor took the folder")
+        real_ftruncate(fd, length)
+
+    taken: list[object] = []
+
+    def take() -> None:
+        try:
+            taken.append(_take(tmp_path, "run-b"))
+        except Exception as exc:  # shown by the assertion below
+            taken.append(exc)
+        finally:
+            moved_on.set()
+
+    releasing = threading.Thread(target=first.release)
+    taker = threading.Thread(target=take)
+    monkeypatch.setattr(os, "ftruncate", ftruncate)
+    releasing.start()
+    assert paused.wait(60), "the release never came to empty the lock file"
+    taker.start()
+    releasing.join(60)
+    taker.join(60)
+    assert not releasing.is_alive(), "the release never ended"
+    assert not taker.is_alive(), "the taker never ended"
+    assert not problems, problems
+    monkeypatch.undo()
+    [second] = taken
+    assert isinstance(second, RunLock), second
+    try:
+        other = _run(tmp_path, "run-c")
+        try:
+            assert "refused" in other.said, f"this process holds no lock any more: {other.said}"
+            assert f"in use by job 'run-b' (pid {os.getpid()} " in other.said["refused"]
+        finally:
+            other.end()
+    finally:
+        second.release()
+
+
+@pytest.mark.parametrize("step", ["acquire", "check"])
+def test_a_dropped_lock_finalized_while_the_guard_is_held_is_let_go_without_waiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    # A state dropped without close() in a reference cycle is freed by the cyclic collector,
+    # which may run inside a step that holds the guard, in that very thread: its lock's
+    # finalizer must not wait for the guard (it would wait for ever), and the lock still goes.
+    dropped, kept = tmp_path / "dropped", tmp_path / "kept"
+    guard = _WatchedGuard()
+    monkeypatch.setattr(lock_module, "_GUARD", guard)
+    held = _take(kept, "run-b") if step == "check" else None
+    real_try_lock = lock_module._try_lock
+    collected: list[bool] = []
+
+    def collecting(fd: int, where: Path) -> bool:
+        if not collected:
+            collected.append(True)
+            gc.collect()  # under the guard: _try_lock is called only while it is held
+        return real_try_lock(fd, where)
+
+    gc.disable()
+    try:
+        cycle: list[object] = [_take(dropped, "run-a")]
+        cycle.append(cycle)
+        finalized = weakref.ref(cycle[0])
+        del cycle
+        monkeypatch.setattr(lock_module, "_try_lock", collecting)
+        if held is None:
+            held = _take(kept, "run-b")
+        else:
+            held.check()
+    finally:
+        gc.enable()
+    assert collected
+    assert finalized() is None
+    assert guard.self_waits == 0, "the finalizer waited for the guard its own thread holds"
+    other = _run(dropped, "run-c")  # the dropped lock was let go all the same
+    try:
+        assert "holding" in other.said, other.said
+    finally:
+        other.end()
+    held.check()
+    held.release()
+
+
+def test_check_never_holds_the_guard_while_it_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # check() tries again while .lock is being replaced; meanwhile other threads may take and
+    # let go of their folders' locks.
+    lock = _take(tmp_path, "run-a")
+    real_settled = lock_module._settled
+    settling = [lock_module._SETTLING]  # a replacement under way, the first time
+    guard_free: list[bool] = []
+
+    def settled(folder: Dir, fd: int) -> Any:
+        return settling.pop() if settling else real_settled(folder, fd)
+
+    class Time:
+        monotonic = staticmethod(time.monotonic)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            free = lock_module._GUARD.acquire(blocking=False)
+            if free:
+                lock_module._GUARD.release()
+            guard_free.append(free)
+
+    try:
+        monkeypatch.setattr(lock_module, "_settled", settled)
+        monkeypatch.setattr(lock_module, "time", Time)
+        lock.check()
+    finally:
+        monkeypatch.undo()
+        lock.release()
+    assert guard_free == [True]
+
+
+# off Linux -----------------------------------------------------------------------------------
+
+
+def test_off_linux_a_holder_is_refused_by_what_the_lock_file_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # struct flock is laid out otherwise off Linux (macOS: l_start, l_len, l_pid, l_type,
+    # l_whence): the kernel's answer is not read there. A holder is refused at once, by its note.
+    holder = _run(tmp_path, "run-a", run_id="rdzv-7")
+    root = Dir.open_root(tmp_path, create=True)
+    real_fcntl = fcntl.fcntl
+
+    def macos_fcntl(fd: int, cmd: int, arg: Any = 0) -> Any:
+        answer = real_fcntl(fd, cmd, arg)
+        if cmd != fcntl.F_GETLK:
+            return answer
+        kind, whence, start, length, pid = struct.unpack_from("hhqqi", answer)
+        return struct.pack("qqihh", start, length, pid, kind, whence).ljust(len(answer), b"\0")
+
+    try:
+        monkeypatch.setattr(fcntl, "fcntl", macos_fcntl)
+        monkeypatch.setattr(lock_module, "time", _NoWait)
+        monkeypatch.setattr(sys, "platform", "darwin")
+        with pytest.raises(CheckpointError) as refused:
+            RunLock.acquire(root, job="run-a", run_id="rdzv-7", timeout=300)
+    finally:
+        monkeypatch.undo()
+        root.close()
+        holder.end()
+    message = str(refused.value)
+    assert f"in use by job 'run-a' (pid {holder.process.pid} on host " in message
+    assert "on darwin unidist does not ask the kernel who holds a lock" in message
 
 
 # the replacement of a read-locked .lock, played step by step ---------------------------------

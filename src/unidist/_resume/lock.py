@@ -9,9 +9,9 @@ Why a POSIX record lock and not ``flock``:
 
 * It belongs to the process. A child forked later (a ``multiprocessing`` Pool, a DataLoader
   worker) does not inherit it, and the kernel drops it when the process ends, whatever children
-  still have the file open. An ``flock`` belongs to the open file, which ``fork`` shares: a run
-  SIGKILLed after it forked a helper left its lock to the helper, and every restart was refused
-  for as long as the helper lived, naming a dead pid.
+  still have the file open. An ``flock`` belongs to the open file, which ``fork`` shares: a child
+  that outlives its run would keep the run's folder locked, and every restart would be refused
+  while it lives.
 * It is the lock NFS has: the server holds it for the client (Linux emulates ``flock`` with it
   there), so a run on another node that shares the folder is refused too. Lustre takes either
   only when mounted with ``-o flock``.
@@ -22,9 +22,13 @@ Its price: a process loses its POSIX locks on a file as soon as it closes *any* 
 that file. So ``.lock`` is opened once per process (states of one process share it: ``_HELD``),
 and nothing else in unidist opens it; code that reads every file of the folder in rank 0 (a
 ``shutil.copytree`` of it, say) lets the lock go, which :meth:`RunLock.check` notices. Threads
-share their process's locks, so one thread at a time opens ``.lock`` (``_GUARD``). A forked
-child holds none of its parent's locks, so it forgets them (``_HELD`` is emptied at fork) and is
-refused like any other process.
+share their process's locks, so one thread at a time opens or closes a descriptor of ``.lock``
+and changes ``_HELD`` (``_GUARD``, never held while waiting). A lock let go while the guard is
+taken is counted off by the guard's holder before it lets the guard go (``_LET_GO``): the cyclic
+garbage collector may finalize a dropped :class:`RunLock` inside any step that holds the guard,
+in that very thread, and the finalizer must not wait for it. A forked child holds none of its
+parent's locks, so it forgets them (``_HELD`` is emptied at fork) and is refused like any other
+process.
 
 **Another user.** ``.lock`` is made 0600 again at every acquire (the owner's ``chmod -R go+rX``
 of the folder makes it readable). That is not enough: whoever opened it while it was readable
@@ -34,9 +38,14 @@ run takes a write lock, which needs write access and excludes every other lock),
 conflicting read lock proves that no run holds the file. When the read lock is another user's
 (or an open file description's, whose pid the kernel reports as -1), on a local file system,
 the run replaces ``.lock`` by a fresh private file that no one else has open (:func:`_replace`).
-A read lock of a process of this user, or of one the kernel cannot name, is refused by its pid,
-as a run is. On a network file system the file is never replaced: another host may see the old
-name for a while, and the check below needs every process to see the same names.
+Whose a process is, /proc says; where /proc hides other users' processes (``hidepid=2``), a
+process this user may not signal is another user's (:func:`_whose`). A read lock of a process of
+this user is refused by its pid, as a run is; so is one whose user this process cannot tell: a
+pid of another pid namespace (the kernel reports it as 0: a process of another container, or of
+the host), or a pid /proc hides from a process that may signal anyone (root). Nothing proves such
+a process is not this user's, so its file is never taken from it; the refusal says how to remove
+``.lock`` by hand. On a network file system the file is never replaced: another host may see the
+old name for a while, and the check below needs every process to see the same names.
 
 The replacement is safe against the owner's own runs starting at the same moment. A run that
 takes ``.lock`` (write lock granted) then checks that no ``.lock.new`` is write-locked and that
@@ -61,12 +70,17 @@ A replacer that died leaves ``.lock.new`` behind, unlocked: the next replacer ta
 Another user who read-locks such a leftover blocks only the replacement (ordinary runs ignore a
 read lock on it, which no replacer holds); the refusal says to remove it.
 
+**Off Linux** the kernel's answer to "who holds this lock" (``struct flock``) is not read: its
+layout is Linux's here. A lock held by someone else is refused at once, naming whoever
+``.lock`` says holds it, and never replaced (nor waited for as an earlier start of this run).
+
 **Restarts.** A run restarted by torch's elastic agent may find its own previous incarnation
 still letting go (rank 0 moved to another node whose agent restarted first): a holder of the same
 run (``TORCHELASTIC_RUN_ID``) and the same job is waited for, up to the state's timeout, and the
-wait is logged; any other holder is an error at once. torchrun's run id without ``--rdzv-id``
-(and without ``--standalone``) is the placeholder ``none``, the same for every launch: it names
-no run, and a holder with it (or with none) is never waited for.
+wait is logged; any other holder is an error at once. A launcher's run id given no ``--rdzv-id``
+is a placeholder, the same for every launch: torchrun's ``none`` (without ``--standalone``) and
+``unidist launch``'s ``unidist`` (on several nodes). It names no run, and a holder with it (or
+with none) is never waited for.
 """
 
 from __future__ import annotations
@@ -103,13 +117,17 @@ _RETRY = 0.2
 _SETTLE_TRIES = 50
 _SETTLE = 0.02
 _HOLDER_BYTES = 4096
-#: torchrun's ``--rdzv-id`` when none is given (without ``--standalone``): every launch has it.
-PLACEHOLDER_RUN_ID = "none"
+#: The run id a launcher gives every launch without ``--rdzv-id`` -> the launcher: torchrun's
+#: (without ``--standalone``), and ``unidist launch``'s on several nodes.
+PLACEHOLDER_RUN_IDS = {"none": "torchrun", "unidist": "unidist launch"}
 
 _OPEN = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _PROBE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: ``struct flock``: l_type, l_whence, l_start, l_len, l_pid (native layout; Linux, 64-bit off_t).
+#: ``struct flock``: l_type, l_whence, l_start, l_len, l_pid (Linux's layout, 64-bit off_t; other
+#: systems order it otherwise: see :func:`_conflict`).
 _FLOCK = struct.Struct("hhqqi")
+#: ``CAP_KILL``'s bit in ``CapEff`` of /proc/self/status: signal any process.
+_CAP_KILL = 1 << 5
 #: File systems (``statfs`` f_type) on which every process sees the same names at once.
 _LOCAL_FILE_SYSTEMS = frozenset(
     {
@@ -138,8 +156,25 @@ class _Held:
 
 #: (device, inode) of a locked folder -> the lock held on it by this process
 _HELD: dict[tuple[int, int], _Held] = {}
-#: Held while a thread takes, checks or lets go of a lock (POSIX locks are the process's).
+#: Held while a thread opens or closes a descriptor of a ``.lock`` or changes ``_HELD`` (POSIX
+#: locks are the process's), never while it waits; taken through ``_GUARDED``.
 _GUARD = threading.Lock()
+#: Keys of locks let go and not yet counted off in ``_HELD``: whoever holds ``_GUARD`` counts
+#: them off before it lets the guard go (:func:`_leave`), so a finalizer never waits for it.
+_LET_GO: list[tuple[int, int]] = []
+
+
+class _Guarded:
+    """``with _GUARDED``: hold ``_GUARD``; on the way out, count off the locks let go meanwhile."""
+
+    def __enter__(self) -> None:
+        _GUARD.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        _leave()
+
+
+_GUARDED = _Guarded()
 
 
 @dataclass(frozen=True)
@@ -147,10 +182,12 @@ class _Busy:
     """Why the lock was not taken this time.
 
     ``kind``: ``run`` (a write lock: a run, or a tool of this user), ``reader`` (a read lock of
-    this user's or of a process the kernel cannot name), ``stranger`` (another user's read lock
-    on a local file system: the file is replaced), ``remote`` (a read lock on a network file
-    system), ``leftover`` (a read lock on a left-over ``.lock.new`` too), ``settling`` (``.lock``
-    is being replaced, or was let go since: try again).
+    a process of this user's), ``unknown`` (a read lock of a process whose user cannot be told:
+    of another pid namespace, pid 0; or hidden by /proc from a process that may signal anyone),
+    ``stranger`` (another user's read lock on a local file system: the file is replaced),
+    ``remote`` (a read lock on a network file system), ``leftover`` (a read lock on a left-over
+    ``.lock.new`` too), ``unasked`` (off Linux: a lock whose kind and holder are not asked),
+    ``settling`` (``.lock`` is being replaced, or was let go since: try again).
     """
 
     kind: str
@@ -177,13 +214,13 @@ class RunLock:
         settling = 0
         waiting = False
         while True:
-            with _GUARD:  # never held while waiting
+            with _GUARDED:  # never held while waiting
                 if key in _HELD:
                     _HELD[key].count += 1
                     return cls(key)
                 got = _attempt(folder)
                 if isinstance(got, int):
-                    _HELD[key] = _Held(_noted(got, folder.path, job, run), folder.dup())
+                    _HELD[key] = _keep(got, folder, job, run)
                     return cls(key)
             if got.kind == "settling" and settling < _SETTLE_TRIES:
                 settling += 1
@@ -215,19 +252,21 @@ class RunLock:
         A POSIX lock goes when the process closes any descriptor of its file (see the module's
         docstring); one lost that way, and not taken by anyone since, is taken again here.
         """
-        with _GUARD:
-            held = _HELD.get(self._key) if self._key is not None else None
-            if held is None:
-                raise CheckpointError("this state let go of its checkpoint folder's lock already.")
-            root = held.folder.path
-            for _ in range(_SETTLE_TRIES):
+        for _ in range(_SETTLE_TRIES):
+            with _GUARDED:  # never held while waiting
+                held = _HELD.get(self._key) if self._key is not None else None
+                if held is None:
+                    raise CheckpointError(
+                        "this state let go of its checkpoint folder's lock already."
+                    )
+                root = held.folder.path
                 if _try_lock(held.fd, root / LOCK):
                     busy = _settled(held.folder, held.fd)
                 else:
                     busy = _examine(held.fd, root)
-                if busy is None or busy.kind != "settling":
-                    break
-                time.sleep(_SETTLE)
+            if busy is None or busy.kind != "settling":
+                break
+            time.sleep(_SETTLE)
         if busy is not None:
             raise CheckpointError(
                 f"the checkpoint folder {root} of this run is now in use by {_who(busy)}: this "
@@ -240,29 +279,58 @@ class RunLock:
 
     def release(self) -> None:
         """Let go (the last holder in this process closes the file, which drops the lock)."""
-        with _GUARD:
+        with _GUARDED:  # counted off on the way out
             key, self._key = self._key, None
-            if key is None or key not in _HELD:
-                return
-            held = _HELD[key]
-            held.count -= 1
-            if held.count > 0:
-                return
-            del _HELD[key]
-        with contextlib.suppress(OSError):
-            os.ftruncate(held.fd, 0)  # nobody holds it: nobody to name
-        os.close(held.fd)
-        held.folder.close()
+            if key is not None:
+                _LET_GO.append(key)
 
     def __del__(self) -> None:
+        # Never waits for the guard: the cyclic collector may run this inside a guarded step of
+        # this very thread. Whoever holds the guard counts this lock off before it lets go.
         with contextlib.suppress(Exception):
-            self.release()
+            key, self._key = getattr(self, "_key", None), None
+            if key is not None:
+                _LET_GO.append(key)
+                if _GUARD.acquire(blocking=False):
+                    _leave()
+
+
+def _leave() -> None:
+    """Count off the locks let go while the guard was held, then let the guard go; again while
+    a finalizer that found it taken has let go of one since (and the guard is free)."""
+    while True:
+        try:
+            while _LET_GO:  # only the guard's holder takes from it; anyone appends
+                _count_off(_LET_GO.pop())
+        finally:
+            _GUARD.release()
+        if not _LET_GO or not _GUARD.acquire(blocking=False):
+            return
+
+
+def _count_off(key: tuple[int, int]) -> None:
+    """One holder of ``key`` fewer; the last closes the file, which drops the lock (under the
+    guard: another thread may not open the file before this closes it)."""
+    held = _HELD.get(key)
+    if held is None:  # forgotten at a fork
+        return
+    held.count -= 1
+    if held.count > 0:
+        return
+    del _HELD[key]
+    with contextlib.suppress(OSError):
+        os.ftruncate(held.fd, 0)  # nobody holds it: nobody to name
+    with contextlib.suppress(OSError):
+        os.close(held.fd)
+    with contextlib.suppress(OSError):
+        held.folder.close()
 
 
 def _forget_in_child() -> None:
     """A forked child holds none of its parent's POSIX locks: it must not think it does."""
     global _GUARD
     _GUARD = threading.Lock()  # another thread of the parent may have held it at the fork
+    _LET_GO.clear()
     for held in _HELD.values():
         with contextlib.suppress(OSError):
             os.close(held.fd)
@@ -274,21 +342,31 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_in_child)
 
 
-def _noted(fd: int, root: Path, job: str, run: str | None) -> int:
-    """``fd``, locked, with who holds it written in it (its descriptor closed on an error)."""
-    me = {"job": job, "host": socket.gethostname(), "pid": os.getpid(), "run": run}
+def _keep(fd: int, folder: Dir, job: str, run: str | None) -> _Held:
+    """The lock just taken on ``fd``, with who holds it written in it and a handle of its folder
+    of its own; on any error ``fd`` is closed (which drops the lock) and nothing is left open."""
+    mine: Dir | None = None
     try:
+        mine = folder.dup()
+        me = {"job": job, "host": socket.gethostname(), "pid": os.getpid(), "run": run}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode()[:_HOLDER_BYTES], 0)
-    except OSError as exc:
+    except BaseException as exc:
         os.close(fd)
-        raise _unusable(root / LOCK, exc, "write who holds it to") from None
-    return fd
+        if mine is not None:
+            mine.close()
+        if isinstance(exc, OSError):
+            doing = (
+                "write who holds it to" if mine is not None else "keep a handle of the folder of"
+            )
+            raise _unusable(folder.path / LOCK, exc, doing) from None
+        raise
+    return _Held(fd, mine)
 
 
 def _real_run_id(run_id: object) -> str | None:
-    """A run id that names a run: torchrun's placeholder (and nothing at all) names none."""
-    if not isinstance(run_id, str) or run_id in ("", PLACEHOLDER_RUN_ID):
+    """A run id that names a run: a launcher's placeholder (and nothing at all) names none."""
+    if not isinstance(run_id, str) or run_id == "" or run_id in PLACEHOLDER_RUN_IDS:
         return None
     return run_id
 
@@ -319,7 +397,10 @@ def _attempt(folder: Dir) -> int | _Busy:
 
 def _examine(fd: int, root: Path) -> _Busy:
     """Who holds the lock of ``fd`` (a ``stranger``: another user's read lock, replaceable)."""
-    kind, pid = _conflict(fd, root / LOCK)
+    conflict = _conflict(fd, root / LOCK)
+    if conflict is None:
+        return _Busy("unasked", None, _holder(fd))
+    kind, pid = conflict
     if kind == fcntl.F_UNLCK:
         return _SETTLING  # let go since: try again
     if kind == fcntl.F_WRLCK:
@@ -328,13 +409,12 @@ def _examine(fd: int, root: Path) -> _Busy:
         return _Busy("remote", pid)
     if pid == -1:  # an open file description's lock, which unidist never takes
         return _Busy("stranger", pid)
-    if pid > 0:
-        uid = _uid(pid)
-        if uid is None:
-            return _SETTLING  # ended since: try again
-        if uid != os.geteuid():
-            return _Busy("stranger", pid)
-    return _Busy("reader", pid)
+    if pid == 0:  # a process of another pid namespace: whose, nothing here can tell
+        return _Busy("unknown", pid)
+    whose = _whose(pid)
+    if whose == "gone":
+        return _SETTLING  # ended since: try again
+    return _Busy({"mine": "reader", "other": "stranger"}.get(whose, "unknown"), pid)
 
 
 def _settled(folder: Dir, fd: int) -> _Busy | None:
@@ -349,7 +429,8 @@ def _settled(folder: Dir, fd: int) -> _Busy | None:
     if probe >= 0:
         try:
             same = _same(probe, fd)
-            kind, pid = _conflict(probe, folder.path / NEW)
+            # Off Linux (None) nothing is replaced (see _examine): no replacer holds it.
+            kind, pid = _conflict(probe, folder.path / NEW) or (fcntl.F_UNLCK, 0)
         finally:
             os.close(probe)  # never fd's file (checked): this process holds no lock on it
         if same or kind == fcntl.F_WRLCK:
@@ -365,7 +446,7 @@ def _replace(folder: Dir, old: int) -> int | _Busy:
     keep = owned = False
     try:
         if not _try_lock(new, where):
-            kind, pid = _conflict(new, where)
+            kind, pid = _conflict(new, where) or (fcntl.F_UNLCK, 0)  # only Linux replaces
             return _Busy("leftover", pid) if kind == fcntl.F_RDLCK else _SETTLING
         if not _names(folder, NEW, new):
             return _SETTLING
@@ -419,11 +500,14 @@ def _try_lock(fd: int, where: Path) -> bool:
     return True
 
 
-def _conflict(fd: int, where: Path) -> tuple[int, int]:
+def _conflict(fd: int, where: Path) -> tuple[int, int] | None:
     """The type and pid of a lock that keeps a write lock on ``fd``'s file from this process
-    (F_UNLCK: none). The kernel names one such lock; a write lock excludes all others, so a read
-    lock named means no write lock is held. Its pid: -1 for an open file description's lock, 0
-    for a process of another pid namespace; on NFS, maybe a process of another host."""
+    (F_UNLCK: none), or None off Linux, where ``struct flock`` is laid out otherwise. The kernel
+    names one such lock; a write lock excludes all others, so a read lock named means no write
+    lock is held. Its pid: -1 for an open file description's lock, 0 for a process of another
+    pid namespace; on NFS, maybe a process of another host."""
+    if not _linux():
+        return None
     query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0) + bytes(16)
     try:
         answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
@@ -448,17 +532,53 @@ def _same(a: int, b: int) -> bool:
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
-def _uid(pid: int) -> int | None:
-    """The user of process ``pid`` on this host, or None where there is none to ask."""
+def _linux() -> bool:
+    return sys.platform.startswith("linux")
+
+
+def _whose(pid: int) -> str:
+    """Whose process ``pid`` of this host is: ``mine``, ``other`` (another user's), ``gone``,
+    or ``unknown``.
+
+    /proc says. Where it hides other users' processes (``hidepid=2``, ``hidepid=invisible``),
+    ``kill(pid, 0)`` asks instead: refused (EPERM) for a live process this user may not signal,
+    which is another user's (its real and saved uid are not this user's); ESRCH for none. A
+    process that may signal any process (root, CAP_KILL) learns only that it lives, and nothing
+    else outside /proc names a process's user: ``unknown``, which is refused and never replaced
+    (nothing proves it is not this user's own).
+    """
     try:
-        return os.stat(f"/proc/{pid}").st_uid
+        uid = os.stat(f"/proc/{pid}").st_uid
     except OSError:
-        return None
+        pass
+    else:
+        return "mine" if uid == os.geteuid() else "other"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "other"
+    except OSError:
+        return "unknown"
+    return "unknown" if _may_signal_anyone() else "mine"
+
+
+def _may_signal_anyone() -> bool:
+    """Whether this process has CAP_KILL (root has it; so may a container's root not)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) & _CAP_KILL)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
 
 
 def _local(fd: int) -> bool:
     """Whether ``fd``'s file system is one on which every process sees the same names at once."""
-    if not sys.platform.startswith("linux"):  # pragma: no cover - unidist's tests run on Linux
+    if not _linux():
         return False
     buffer = ctypes.create_string_buffer(256)  # struct statfs: f_type first, 120 bytes
     if ctypes.CDLL(None, use_errno=True).fstatfs(fd, buffer) != 0:
@@ -518,6 +638,26 @@ def _busy(
             f"read-locks {new}, which a run of yours left while replacing {lock}"
         )
         fix = f"HINT: rm {new} when no run of yours is starting on this folder, then start again."
+    elif busy.kind == "unknown":
+        whose = (
+            "a process of another pid namespace (another container, or the host)"
+            if busy.pid == 0
+            else f"{pid}, which /proc of this host does not say whose it is"
+        )
+        who = (
+            f"{whose}, which holds a read lock on {lock} (no unidist run takes one); nothing "
+            "tells that it is not a process of this user, so unidist does not replace that file"
+        )
+        fix = (
+            "HINT: have that process let go of it; or, when no run of yours uses the folder, "
+            f"rm {lock} (the new one is private; the old one stays with whoever has it open)."
+        )
+    elif busy.kind == "unasked":
+        who = f"{_who(busy)}, as {lock} says," if busy.note else f"a process that locks {lock}"
+        who += (
+            f" (on {sys.platform} unidist does not ask the kernel who holds a lock, so it does "
+            "not wait for an earlier start of this run either)"
+        )
     elif busy.kind == "settling":
         who = f"another run of this user ({pid}), which is replacing the lock file {lock}"
         fix = "HINT: that run may be stopped (SIGSTOP, a debugger): let it go on, or end it."
@@ -529,11 +669,11 @@ def _busy(
             f" It says it belongs to this same run (TORCHELASTIC_RUN_ID {run_id!r}), and it did "
             f"not let go within {timeout:g} s."
         )
-    elif run_id == PLACEHOLDER_RUN_ID and busy.note.get("job") == job:
+    elif run_id in PLACEHOLDER_RUN_IDS and busy.note.get("job") == job:
         said = (
-            f" This run's id is torchrun's placeholder {PLACEHOLDER_RUN_ID!r} (no --rdzv-id), "
-            "which every launch without one gets, so nothing tells a restart of that run from a "
-            "second launch: it was not waited for."
+            f" This run's id is {PLACEHOLDER_RUN_IDS[run_id]}'s placeholder {run_id!r} (no "
+            "--rdzv-id), which every launch without one gets, so nothing tells a restart of that "
+            "run from a second launch: it was not waited for."
         )
         fix = (
             "HINT: pass the same real --rdzv-id to every restart of one run when restarts may "
@@ -574,6 +714,9 @@ def _unusable(where: Path, exc: OSError, doing: str) -> CheckpointError:
     elif number == errno.ELOOP:
         reason = f"{where} is a symbolic link, not a file unidist made"
         hint = f"rm {where}"
+    elif number == errno.EMFILE:
+        reason = f"{exc.strerror} in this process"
+        hint = "close the files this process no longer needs, or raise its limit (ulimit -n)"
     elif number == errno.EIO:
         hint = f"the file system of {folder} fails (dmesg may say why): {hint}"
     return CheckpointError(
