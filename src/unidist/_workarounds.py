@@ -326,6 +326,8 @@ class _CountingFileSystem:
         self._moved = moved
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # never ask for its own fields (copy and pickle do, early)
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     @contextlib.contextmanager
@@ -342,6 +344,8 @@ class _CountingStream:
         self._moved = moved
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # never ask for its own fields (copy and pickle do, early)
+            raise AttributeError(name)
         return getattr(self._inner, name)
 
     def __enter__(self) -> _CountingStream:

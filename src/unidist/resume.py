@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -34,7 +35,6 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -64,9 +64,12 @@ __all__ = ["ResumableState"]
 
 log = logging.getLogger("unidist.resume")
 
-#: The states with a save on its way to counting, awaited at the interpreter's exit.
-_in_flight: weakref.WeakSet[ResumableState] = weakref.WeakSet()
+#: The states of this process with a save on its way to counting, awaited at the
+#: interpreter's exit (held strongly: a state only the script's function held must still be).
+_in_flight: set[ResumableState] = set()
 _exit_hook: list[bool] = []  # registered once
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's saves to await
+    os.register_at_fork(after_in_child=_in_flight.clear)
 
 
 class ResumableState:
@@ -599,14 +602,33 @@ class ResumableState:
         return where
 
     def _counts(self) -> None:
-        """Wait until the latest save counts; if it failed, it is no longer the one in force
-        (a later save of the same step writes it again) and its error is raised."""
+        """Wait until the latest save counts (a collective)."""
+        self._await_saves(counted_only=True)
+
+    def _await_saves(self, *, counted_only: bool = False) -> None:
+        """Wait for this rank's save in flight and rank 0's commit (``counted_only``: until the
+        checkpoint counts, its removals may go on). Every rank learns whether any of them failed
+        (a collective): then that save is no longer the one in force (a later save of the same
+        step writes it again) and every rank raises, the failing ones their own error."""
+        problem: CheckpointError | None = None
         try:
             self._finish_staged()
-            self._commit.wait_counted()
-        except CheckpointError:
+            if counted_only:
+                self._commit.wait_counted()
+            else:
+                self._commit.join()
+        except CheckpointError as exc:
+            problem = exc
+        failed = problem is not None
+        if ranks.get_world_size() > 1:
+            failed = bool(all_reduce(int(failed), "max"))
+        if failed:
             self._in_force = self._counted_before
-            raise
+            raise problem or CheckpointError(
+                f"the last save in {self.root} failed on another rank (its own write, or rank "
+                "0's commit): that rank's error says why. The checkpoint in force is the one "
+                "before it."
+            )
 
     def _save(self, where: Path | Url) -> None:
         self._open()
@@ -625,12 +647,7 @@ class ResumableState:
             "stateful": sorted(self.stateful),
         }
         _check_json(progress)
-        try:
-            self._finish_staged()  # the last save is written ...
-            self._commit.join()  # ... and counts, before this one begins
-        except CheckpointError:
-            self._in_force = self._counted_before
-            raise
+        self._await_saves()  # the last save is written, and counts, before this one begins
         started = time.monotonic()
         # Every rank makes or opens the step's folder: no stale one can be there (restore()
         # removed those newer than the checkpoint in force), and a save of this step that
@@ -648,12 +665,12 @@ class ResumableState:
                             handle = folder.dup()  # open until written
                             future = dcp.async_save(
                                 state,
-                                storage_writer=_counted(handle.writer()),
+                                storage_writer=_progress_writer(handle.writer()),
                                 process_group=self._save_group,
                             )
                             self._staged = Staged(future, handle, started, self._redacted)
                         else:
-                            dcp.save(state, storage_writer=_counted(folder.writer()))
+                            dcp.save(state, storage_writer=_progress_writer(folder.writer()))
                 except CheckpointException as exc:  # a BaseException: user code would miss it
                     raise CheckpointError(
                         f"saving {where} failed on rank(s) {sorted(exc.failures)}: "
@@ -666,9 +683,22 @@ class ResumableState:
             if rank == 0:  # the rest is rank 0's, on a thread: see files.Commit
                 latest = {"job": self.job, "step": self._steps, "folder": where.name}
                 own = folder.dup()
-                self._commit.start(self._root, own, progress, latest, self.keep, self._staged)
+                self._commit.start(
+                    self._root,
+                    own,
+                    progress,
+                    latest,
+                    self.keep,
+                    self._staged,
+                    then=functools.partial(_in_flight.discard, self),
+                )
+                _await_at_exit(self)  # until its commit has counted
+            elif self._staged is not None:
+                _await_at_exit(self)  # until its save is written
+                self._staged.future.add_done_callback(
+                    functools.partial(_written, self, self._staged)
+                )
         self._counted_before, self._in_force = self._in_force, self._steps
-        _await_at_exit(self)
         log.info("saved %s", where)
 
     # -- the end -------------------------------------------------------------------------------
@@ -716,8 +746,15 @@ class ResumableState:
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
 
 
+def _written(state: ResumableState, staged: Staged, future: Any) -> None:
+    """``state``'s save in flight ended: nothing to await at exit unless it failed."""
+    if not future.cancelled() and future.exception() is None and state._staged in (staged, None):
+        _in_flight.discard(state)
+
+
 def _await_at_exit(state: ResumableState) -> None:
-    """Await ``state``'s save in flight when the main thread ends, if nothing did before."""
+    """Await ``state``'s save in flight when the main thread ends, unless it ends well before
+    (it is then forgotten here: a state the script dropped is not kept alive)."""
     _in_flight.add(state)
     if _exit_hook:
         return
@@ -751,11 +788,20 @@ def _at_exit() -> None:
     with contextlib.suppress(Exception):
         sys.stderr.write("".join(failed))
         sys.stderr.flush()
-    atexit._run_exitfuncs()  # what would run at exit, then the status that says it failed
+    # What the interpreter's exit would still do (join the other threads, run the exit
+    # handlers, flush the streams), then the status that says the save failed.
+    here = (threading.current_thread(), threading.main_thread())
+    for thread in threading.enumerate():
+        if not thread.daemon and thread not in here:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(1)
 
 
-def _counted(writer: Any) -> Any:
+def _progress_writer(writer: Any) -> Any:
     """torch's checkpoint writer, whose writes count as this rank's progress for the hang
     watch: a save that writes is not a hang, however long it takes."""
     return _workarounds.count_checkpoint_writes(writer, progress.moved)

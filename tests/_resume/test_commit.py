@@ -7,6 +7,7 @@ go of the folder it was handed.
 
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -129,3 +130,46 @@ def test_save_right_after_a_due_step_save_raises_what_its_commit_failed_with(
         assert files.latest(state._root, "j") == 2  # type: ignore[arg-type]
     finally:
         state.close()
+
+
+def _commit_fails_then_saves_again(folder: str) -> list[str]:
+    """Rank 0's commit of the step-2 save fails; save() then raises on every rank (a
+    collective), and a second save() of the same step writes it on every rank again."""
+    import unidist
+    from unidist._resume import folder as files
+
+    write = files.write_record
+    broken = [True]
+
+    def full_disk(where: Any, name: str, value: dict[str, Any], **kw: Any) -> None:
+        if name == files.LATEST and broken[0]:
+            raise OSError(28, "No space left on device")
+        write(where, name, value, **kw)
+
+    files.write_record = full_disk  # type: ignore[assignment]
+    said = []
+    state = unidist.ResumableState(folder, job="j", model=torch.nn.Linear(2, 1), save_every=2)
+    state.restore()
+    state.step()
+    state.step()  # due: every rank's files are written; rank 0's commit fails behind them
+    try:
+        state.save()
+    except CheckpointError as exc:
+        said.append(str(exc))
+    broken[0] = False
+    said.append(str(state.save()))
+    state.close()
+    return said
+
+
+@pytest.mark.multiprocess
+def test_a_failed_commit_is_every_ranks_error_and_the_step_is_saved_again(
+    tmp_path: Path,
+) -> None:
+    from unidist.testing import run_distributed
+
+    said = run_distributed(_commit_fails_then_saves_again, str(tmp_path), timeout=120)
+    assert "No space left on device" in said[0][0]
+    assert "failed on another rank" in said[1][0]
+    assert [s[1] for s in said] == [str(tmp_path / files.step_name(2))] * 2
+    assert json.loads((tmp_path / files.LATEST).read_text())["step"] == 2

@@ -31,14 +31,18 @@ def full_at_step_6(self, path, mode):  # the third save's data file: step 6's
     return original(self, path, mode)
 
 filesystem.FileSystem.create_stream = full_at_step_6
+def main():  # the state is the function's alone, and gone when it returns
+    model = torch.nn.Linear(4, 4)
+    state = unidist.ResumableState(sys.argv[1], job="j", model=model, save_every=2,
+                                   async_save=True, stop_signals=())
+    state.restore()
+    for _ in range(6):
+        model.weight.data += 1
+        state.step()
+
 unidist.initialize()
-model = torch.nn.Linear(4, 4)
-state = unidist.ResumableState(sys.argv[1], job="j", model=model, save_every=2,
-                               async_save=True, stop_signals=())
-state.restore()
-for _ in range(6):
-    model.weight.data += 1
-    state.step()
+main()
+import gc; gc.collect()
 print(f"rank {unidist.get_rank()} returned", flush=True)
 """
 

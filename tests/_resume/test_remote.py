@@ -243,18 +243,28 @@ def test_a_missing_driver_names_the_install(tmp_path: Path) -> None:
         state.restore()
 
 
-@pytest.mark.parametrize("userinfo", ["url-key-id:{s}", "{s}"])
-def test_a_secret_in_the_url_never_appears_in_an_error(bucket: str, userinfo: str) -> None:
+@pytest.mark.parametrize(
+    ("userinfo", "secret"),
+    [
+        ("url-key-id:{s}", "url-secret-71c3e0"),
+        ("{s}", "url-secret-71c3e0"),  # a token as the user part
+        ("url-key-id:{s}", "urlsecret/71c3e0+x"),  # an S3 secret key often holds / and +
+    ],
+)
+def test_a_secret_in_the_url_never_appears_in_an_error(
+    bucket: str, userinfo: str, secret: str
+) -> None:
     # s3://KEY:SECRET@bucket/run: the driver's own message quotes the bucket part, secret and
     # all ('Invalid bucket name "KEY:SECRET@bucket"'), without the scheme that marks a URL.
-    secret = "url-secret-71c3e0"  # not the environment's: nothing else would hide it
+    # The secret is not the environment's: nothing else would hide it.
     url = f"s3://{userinfo.format(s=secret)}@{bucket}/run"
     state = unidist.ResumableState(url, job="j", stop_signals=())
     with pytest.raises(CheckpointError) as failed:
         state.restore()
     text = str(failed.value) + str(state.root)
-    assert "Invalid bucket name" in text  # the driver's message is kept, without the secret
+    assert "***" in text  # what was there is shown as hidden
     assert secret not in text, text
+    assert not [part for part in secret.split("/") if part in text], text
     assert failed.value.__cause__ is None  # nor in a chained exception's text
 
 

@@ -224,3 +224,32 @@ def test_another_users_link_in_a_shared_folder_is_not_followed(
     assert code == 2
     assert f"'{link}' is a symbolic link of another user's (uid 4242) in a shared folder" in err
     assert (mine / "0.log").read_text() == "precious"
+
+
+def test_a_run_folder_replaced_before_it_is_opened_is_refused_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    plan = LaunchPlan(target="job.py", nproc=1, log_root=tmp_path)
+    folder = rundir.create_run_folder(tmp_path)
+    folder.rename(tmp_path / "moved")
+    folder.mkdir(mode=0o755)  # someone's folder under the run folder's name
+    (folder / "theirs.txt").write_text("theirs")
+    with pytest.raises(ConfigurationError, match="is not the one unidist made"):
+        Run(plan, folder)
+    assert (folder / "theirs.txt").read_text() == "theirs"
+
+
+def test_removing_a_run_folder_removes_what_its_handle_holds_never_what_its_name_now_is(
+    tmp_path: Path,
+) -> None:
+    plan = LaunchPlan(target="job.py", nproc=1, log_root=tmp_path)
+    folder = rundir.create_run_folder(tmp_path)
+    run = Run(plan, folder)
+    (run.io_folder / "sub").mkdir()
+    (run.io_folder / "sub" / "rank0.log").write_text("log")
+    folder.rename(tmp_path / "moved")  # what another user could do in a shared --log-dir
+    folder.mkdir()
+    (folder / "theirs.txt").write_text("theirs")
+    rundir.remove_through(run.handle.fd, folder)
+    assert (folder / "theirs.txt").read_text() == "theirs"
+    assert list((tmp_path / "moved").iterdir()) == []  # emptied through the handle

@@ -159,7 +159,7 @@ def test_a_hang_flag_from_another_node_is_reported_as_that_nodes_call(tmp_path: 
     report = run.hangs[0]
     assert report.called_by == "1"
     headline = report.headline()
-    assert headline.startswith("unidist launch: the hang was called by node 1's launcher")
+    assert headline.startswith("unidist launch: the hang was called by node 1's launcher, as its")
     assert "no rank made progress" not in headline
     supervisor.handle(HangFlag(run.rounds[0], None))  # a second flag changes nothing
     assert run.hangs[0] is report
@@ -167,6 +167,10 @@ def test_a_hang_flag_from_another_node_is_reported_as_that_nodes_call(tmp_path: 
     forged[1].handle(Tick())
     forged[1].handle(HangFlag(forged[0].rounds[0], None))
     assert "no launcher of this job" in forged[0].hangs[0].headline()
+    unread = _job(tmp_path / "unread", hang_timeout=30.0)
+    unread[1].handle(Tick())
+    unread[1].handle(HangFlag(unread[0].rounds[0], None, read=False))
+    assert "its flag's value could not be read" in unread[0].hangs[0].headline()
 
 
 def test_a_forwarded_signal_reaches_every_live_rank_and_is_remembered(tmp_path: Path) -> None:
@@ -241,3 +245,15 @@ def _alive(pid: int) -> bool:
         return False
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     return stat not in ("Z", "X")
+
+
+def test_a_rank_reaped_before_the_first_look_is_still_seen_failed(tmp_path: Path) -> None:
+    # Rank 1 wrote its start record, raised and was reaped by torch's agent before the
+    # supervisor looked: its PID is no child any more. Its records still say it failed.
+    run, supervisor, fake = _job(tmp_path)
+    _raised(run, 1)
+    verify = fake.verify
+    fake.verify = lambda pid: None if pid == PIDS[1] else verify(pid)  # type: ignore[method-assign]
+    supervisor.handle(Tick())
+    assert _states(supervisor) == {0: RankState.STOPPING, 1: RankState.FAILED}
+    assert fake.sent == [(PIDS[0], "SIGTERM"), (PIDS[0], "SIGCONT")]  # never rank 1's PID

@@ -55,7 +55,7 @@ def test_only_the_first_exit_counts_and_a_gone_rank_is_not_revived() -> None:
 
 
 def test_an_unknown_event_is_an_error() -> None:
-    with pytest.raises(ValueError, match="unknown watchdog event 'paused'"):
+    with pytest.raises(ValueError, match="unknown supervisor event 'paused'"):
         advance(RankWatch(), "paused", 1)
 
 
@@ -84,8 +84,8 @@ def test_a_sigterm_from_outside_is_left_to_torchs_agent() -> None:
     assert seen.failed_on_their_own == {1, 2, 3}
 
 
-def test_events_are_an_enum_whose_values_are_the_words() -> None:
-    from unidist.launch.supervise.watch import Event
+def test_sightings_are_an_enum_whose_values_are_the_words() -> None:
+    from unidist.launch.supervise.watch import Sighting as Event
 
     watch = RankWatch()
     advance(watch, Event.STOP, 2)

@@ -87,7 +87,7 @@ def moved() -> None:
     _moved += 1
 
 
-def _counted() -> tuple[int, int]:
+def _step_count() -> tuple[int, int]:
     """(steps, when the last was counted): the state's steps, or else the loaders' batches."""
     return (_steps, _step_at) if _steps else (_batches, _batch_at)
 
@@ -441,7 +441,7 @@ class Sampler(threading.Thread):
             if state is State.USER and self._key is not None:
                 self._moves += 1
             self._key = key
-        steps, step_at = _counted()
+        steps, step_at = _step_count()
         # Never into torch's GIL-releasing calls once asked to stop (see start()).
         sequences = None if self._halt.is_set() else _sequences()
         if sequences is not None:  # else the groups are being destroyed: keep the last numbers
@@ -480,7 +480,7 @@ class Sampler(threading.Thread):
         if done and ended:
             with contextlib.suppress(Exception):
                 self.writer.values.update(state=int(State.DONE), beat=time.monotonic_ns())
-                steps, step_at = _counted()
+                steps, step_at = _step_count()
                 self.writer.values.update(steps=steps, step_at=step_at)
                 self.writer.flush()
         return ended

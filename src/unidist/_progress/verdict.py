@@ -21,6 +21,7 @@ behind; equal numbers with different collectives mean the ranks diverged.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -199,7 +200,13 @@ def _is_count(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return type(value) in (int, float) and value == value and abs(value) != float("inf")
+    """A finite number that fits a float (JSON's integers may not)."""
+    if type(value) not in (int, float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _is_text(value: Any, limit: int) -> bool:

@@ -153,16 +153,17 @@ class Commit:
         latest: dict[str, Any],
         keep: int,
         after: Staged | None = None,
+        then: Callable[[], None] | None = None,
     ) -> None:
         """Commit the checkpoint in ``folder`` (a handle the commit owns and closes), once
-        ``after`` (a save of torch's in flight) has written it."""
+        ``after`` (a save of torch's in flight) has written it; ``then()`` once it counts."""
         self.join()
         self._key = root.key
         Commit._pending[self._key] = self
         self._counted.clear()
         self._thread = threading.Thread(
             target=self._run,
-            args=(root, folder, progress, latest, keep, after),
+            args=(root, folder, progress, latest, keep, after, then),
             name="unidist-resume-commit",
         )
         self._thread.start()
@@ -175,6 +176,7 @@ class Commit:
         latest: dict[str, Any],
         keep: int,
         after: Staged | None,
+        then: Callable[[], None] | None,
     ) -> None:
         try:
             with folder:  # closed however the commit ends
@@ -189,6 +191,8 @@ class Commit:
             return
         finally:
             self._counted.set()
+        if then is not None:
+            then()
         try:
             prune(root, keep, folder.path.name)
         except Exception:  # an old checkpoint left behind is removed by the next save

@@ -26,10 +26,14 @@ provider's files), ``storage_options`` or the URL itself (``s3://KEY:SECRET@buck
 never appear in a message: every text unidist shows about the folder passes through
 :func:`redact`, told every secret of the three (:func:`secrets_of`).
 
-Every operation on the store has a deadline (the state's ``timeout``): an endpoint that accepts
+Every operation unidist itself makes on the store (looking for, reading and writing its records,
+listing and removing prefixes) has a deadline (the state's ``timeout``): an endpoint that accepts
 connections and never answers costs that long, then a :class:`~unidist.errors.CheckpointError`
 that says so. For an asynchronous driver (s3fs, gcsfs, adlfs) the request is cancelled on its
-event loop; a synchronous one is left to finish in a thread of its own.
+event loop; a synchronous one is left to finish in a thread of its own. torch's checkpoint
+reader and writer (the tensors themselves) go through the driver with its own timeouts
+(``storage_options``, e.g. s3fs's ``config_kwargs={"read_timeout": ...}``); a write that stands
+still there is no progress, which ``unidist launch --hang-timeout`` names.
 """
 
 from __future__ import annotations
@@ -37,9 +41,10 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from unidist.errors import CheckpointError
 
@@ -100,18 +105,33 @@ def secrets_of(options: Mapping[str, Any], url: str = "") -> tuple[str, ...]:
     from unidist import _env
 
     found = [str(v) for k, v in options.items() if _SENSITIVE_QUERY.search(k) and v]
-    with contextlib.suppress(ValueError):
-        parts = urlsplit(url)
-        if parts.password:
-            found.append(parts.password)
-        elif parts.username:
-            found.append(parts.username)
+    found += _userinfo_secrets(url)
     found += _env.storage_secrets()
     return tuple(found)
 
 
+def _userinfo_secrets(url: str) -> list[str]:
+    """The secret of ``scheme://USER:SECRET@host/...`` (or ``scheme://TOKEN@host/...``), as
+    written and decoded. Read up to the last ``@``, not by ``urlsplit``: an S3 secret key often
+    holds ``/``, which ends ``urlsplit``'s host part early and hides the secret from it."""
+    if "://" not in url:
+        return []
+    rest = url.split("://", 1)[1]
+    userinfo = rest[: rest.rfind("@")] if "@" in rest else ""
+    if not userinfo:
+        return []
+    secret = userinfo.split(":", 1)[1] if ":" in userinfo else userinfo
+    # A driver that splits the URL at a "/" of the secret quotes the parts on either side.
+    parts = [secret, unquote(secret), *secret.split("/"), *unquote(secret).split("/")]
+    return [value for value in dict.fromkeys(parts) if value]
+
+
+class _NoAnswer(Exception):
+    """An operation on the store passed its deadline."""
+
+
 def _within(seconds: float, call: Callable[[], Any]) -> Any:
-    """``call()`` in a thread of its own, awaited at most ``seconds`` (TimeoutError after)."""
+    """``call()`` in a thread of its own, awaited at most ``seconds`` (:class:`_NoAnswer`)."""
     result: list[Any] = []
     failure: list[BaseException] = []
     done = threading.Event()
@@ -126,7 +146,7 @@ def _within(seconds: float, call: Callable[[], Any]) -> Any:
 
     threading.Thread(target=run, name="unidist-store-call", daemon=True).start()
     if not done.wait(seconds):
-        raise TimeoutError(f"no answer within {seconds:g} s")
+        raise _NoAnswer(f"no answer within {seconds:g} s")
     if failure:
         raise failure[0]
     return result[0]
@@ -190,19 +210,25 @@ class Remote:
     def _call(self, what: str, method: str, *args: Any, **kwargs: Any) -> Any:
         """``fs.<method>(*args, **kwargs)`` within :attr:`timeout`; FileNotFoundError passes,
         any other failure is a CheckpointError about ``what``."""
+        started = time.monotonic()
         try:
             if self.timeout is None:
                 return getattr(self.fs, method)(*args, **kwargs)
             if getattr(self.fs, "async_impl", False) and getattr(self.fs, "loop", None):
-                from fsspec.asyn import sync  # type: ignore[import-untyped]
+                from fsspec.asyn import FSTimeoutError, sync  # type: ignore[import-untyped]
 
                 # The request is cancelled on the driver's loop once the deadline passes.
                 coroutine = getattr(self.fs, f"_{method}")
-                return sync(self.fs.loop, coroutine, *args, timeout=self.timeout, **kwargs)
+                try:
+                    return sync(self.fs.loop, coroutine, *args, timeout=self.timeout, **kwargs)
+                except FSTimeoutError as exc:  # the deadline's, or the driver's own timeout
+                    if time.monotonic() - started >= 0.9 * self.timeout:
+                        raise _NoAnswer() from None
+                    raise self._error(what, exc) from None
             return _within(self.timeout, lambda: getattr(self.fs, method)(*args, **kwargs))
-        except FileNotFoundError:
+        except (FileNotFoundError, CheckpointError):
             raise
-        except TimeoutError:
+        except _NoAnswer:
             raise CheckpointError(
                 f"{what} in {self.path}: the object store did not answer within "
                 f"{self.timeout:g} s. HINT: check that its endpoint (AWS_ENDPOINT_URL, "

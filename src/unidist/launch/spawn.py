@@ -125,7 +125,7 @@ def spawn(
         culprit = report.culprit.rank if report.culprit is not None else None
         raise LaunchError(report.format(), exit_code=report.exit_code, culprit=culprit)
     if not (keep_logs if keep_logs is not None else log_dir is not None):
-        rundir.remove(folder)
+        rundir.remove_through(report.handle.fd, folder)  # what this run made, not the name
     return [results[rank] for rank in range(nproc)]
 
 

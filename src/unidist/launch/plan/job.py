@@ -7,7 +7,7 @@ import importlib.metadata
 import importlib.util
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,8 +457,13 @@ def check_log_places(plan: LaunchPlan) -> None:
         checks.check_log_file(path)
 
 
-def probe_templates(plan: LaunchPlan, folder: Path) -> None:
+def probe_templates(
+    plan: LaunchPlan, folder: Path, io: Callable[[Path], Path] = lambda path: path
+) -> None:
     """Fail before anything starts if this node's log files cannot be written.
+
+    ``io``: how a path is reached (the run folder's, through its handle); messages show the
+    path itself.
 
     Raises:
         ConfigurationError: the folder a log file goes to cannot be created or written.
@@ -470,8 +475,8 @@ def probe_templates(plan: LaunchPlan, folder: Path) -> None:
     )
     for parent in folders:
         try:
-            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=parent).close()
+            io(parent).mkdir(mode=0o700, parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=io(parent)).close()
         except OSError as exc:
             raise ConfigurationError(
                 f"cannot write log files to {str(parent)!r} ({rundir.why(parent, exc)}). HINT: "

@@ -30,6 +30,7 @@ __all__ = [
     "open_private",
     "private_file",
     "remove",
+    "remove_through",
     "swappable",
     "why",
 ]
@@ -169,3 +170,25 @@ def swappable(folder: Path) -> bool:
 def remove(folder: Path) -> None:
     """Delete a run folder and everything in it (errors ignored: it is only logs)."""
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_through(fd: int, folder: Path) -> None:
+    """Delete the run folder open as ``fd`` (named ``folder``): its contents through the
+    handle, then the name, only while it still names that folder (errors ignored).
+
+    Another user who renamed the run folder in a shared parent never gets theirs emptied: what
+    is removed is what the handle holds, and ``rmdir`` removes an empty folder only.
+    """
+    with contextlib.suppress(OSError):
+        for _, dirs, files, here in os.fwalk(".", topdown=False, dir_fd=fd):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=here)
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.rmdir(name, dir_fd=here)  # a link to a folder: unlinked below
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=here)
+    with contextlib.suppress(OSError):
+        if os.path.samestat(os.lstat(folder), os.fstat(fd)):
+            os.rmdir(folder)

@@ -1,7 +1,10 @@
 """The launcher process: it runs a plan, watches the ranks and reports how they ended.
 
-``runner`` (torch's elastic agent, the watchdog, the final sweep), ``watch`` (each rank's state),
+``runner`` (torch's elastic agent, the run folder), ``supervisor`` (the one owner of what the
+launcher knows of its ranks, fed by ``events``; the final sweep), ``watch`` (each rank's state),
 ``hang`` (stuck ranks and stragglers), ``report`` (culprit versus collateral, exit codes),
 ``console`` (the ranks' output on the launcher's terminal), ``relay`` (the other nodes'
-launchers), ``exits`` (what an exit code means).
+launchers), ``exits`` (when each rank's process ended), ``procs`` (which processes are the
+ranks, and signalling them), ``failures`` (what the launcher says when torch's agent or its
+rendezvous fails), ``outcome`` (how one rank ended).
 """

@@ -47,10 +47,12 @@ class Culprit:
 @dataclass(frozen=True)
 class HangFlag:
     """The relay found the hang flag raised in round ``round``, by node ``node`` as the flag
-    says (None: a value no launcher of the job writes)."""
+    says (None: a value no launcher of the job writes, or, when not ``read``, a value the
+    store did not hand over)."""
 
     round: str
     node: int | None
+    read: bool = True
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """When each rank's process exited, stamped as it happens (pidfds, Linux 5.3 and later).
 
-The watchdog's sweeps see an exit up to one interval late, under load later still, and two ranks
+The supervisor's looks see an exit up to one interval late, under load later still, and two ranks
 found gone in one sweep could have died in either order: a rank that crashed and left no record
 (its disk was full) would be ordered by the sweep, not by the crash. :class:`ExitClock` blocks in
 ``poll()`` on a pidfd per rank and stamps each exit when it wakes, so the report orders such
@@ -43,7 +43,7 @@ class ExitClock(threading.Thread):
         """Start watching ``pid`` (once per ``key``); a process that already exited is stamped
         on the next wake, so only a watch begun before the exit gives its real time."""
         with self._lock:
-            if key in self._known or self._poll is None:
+            if key in self._known or self._poll is None or self._halt.is_set():
                 return
             self._known.add(key)
             try:
@@ -71,10 +71,13 @@ class ExitClock(threading.Thread):
                 self._notify(key, now)
 
     def stop(self) -> None:
-        """Stop the thread and close every pidfd it still holds."""
+        """Stop the thread and close every pidfd it still holds (once it has ended: a thread
+        still in ``poll()`` keeps its descriptors, whose numbers could be reused otherwise)."""
         self._halt.set()
         if self.is_alive():
             self.join(timeout=5)
+        if self.is_alive():
+            return
         with self._lock:
             for fd in self._fds:
                 with contextlib.suppress(OSError):

@@ -1,6 +1,6 @@
 """The launcher's side of hang and straggler attribution: read the ranks' records, call the hang.
 
-Every rank keeps a progress record (``unidist._progress``). The watchdog hands this module its
+Every rank keeps a progress record (``unidist._progress``). The supervisor hands this module its
 view of the latest start a few times a second; :class:`HangWatch` reads the records of this
 node's ranks (O(local ranks) reads of one page each), notes when anything moved, and says when
 the silence has lasted the timeout (``--hang-timeout``, or the adaptive default of
@@ -14,7 +14,7 @@ sampler thread answers within a tick; a rank that cannot, because it is frozen o
 holding the GIL, gets the launcher's stack signal, which faulthandler answers from inside any C
 code), then builds
 each rank's facts (running, exited with its code, frozen, silent) and the verdict. The report
-goes to ``hang.json`` in the run folder and to the console; the watchdog then stops the job.
+goes to ``hang.json`` in the run folder and to the console; the supervisor then stops the job.
 """
 
 from __future__ import annotations
@@ -56,16 +56,18 @@ class HangReport:
     facts: list[RankFacts]
     nodes_missing: list[int] = field(default_factory=list)
     #: Who called it, when not this node's own watch: the node a hang flag on the rendezvous
-    #: store names ("?": a flag no launcher of the job wrote).
+    #: store names ("?": a value no launcher of the job writes; "": a flag whose value the
+    #: store did not hand over).
     called_by: str | None = None
 
     def headline(self) -> str:
         if self.called_by is not None:
-            who = (
-                f"node {self.called_by}'s launcher"
-                if self.called_by != "?"
-                else "a writer of the rendezvous store that is no launcher of this job"
-            )
+            if self.called_by == "?":
+                who = "a writer of the rendezvous store that is no launcher of this job"
+            elif not self.called_by:
+                who = "another node's launcher (its flag's value could not be read)"
+            else:
+                who = f"node {self.called_by}'s launcher, as its flag says"
             return (
                 f"unidist launch: the hang was called by {who} (the hang flag on the rendezvous "
                 f"store); here the last progress was {self.silence:.0f} s ago ({self.rule}): "
@@ -166,6 +168,7 @@ class HangWatch:
         self._start = -1
         self._token: Any = None
         self.snapshots: dict[int, Snapshot] = {}
+        self._moves = 0  # looks that found this node's ranks moved (for the relay)
         self.called: HangReport | None = None
         self.started = clock()
 
@@ -191,14 +194,14 @@ class HangWatch:
             if snap is not None:
                 self.snapshots[slot.rank] = snap
         gone = tuple(sorted(rank for rank, w in seen.ranks.items() if w.gone))
-        token = (
-            tuple((rank, s.progress) for rank, s in sorted(self.snapshots.items())),
-            gone,
-            elsewhere,
-        )
+        own = (tuple((rank, s.progress) for rank, s in sorted(self.snapshots.items())), gone)
+        token = (own, elsewhere)
         if token != self._token:
             if self._token is not None:
                 self.deadline.progress(now)
+                # Only this node's own moves go to the relay's count: counting the others'
+                # (which that count holds) would make two waiting nodes move each other.
+                self._moves += own != self._token[0]
             self._token = token
         if not self.enabled or self.called is not None:
             return False
@@ -217,8 +220,10 @@ class HangWatch:
                 self.snapshots[slot.rank] = snap
 
     def progress_count(self) -> int:
-        """This node's progress as one number that only grows (for the relay)."""
-        return sum(sum(s.progress) for s in self.snapshots.values())
+        """This node's progress as one number that only grows (for the relay): the looks that
+        found anything moved. (The records' own counts may go down: a rank's steps are its
+        loader's batches until a ResumableState counts them.)"""
+        return self._moves
 
     def ask_for_stacks(
         self, start: Start, procs: Mapping[int, Proc], signal: Callable[[Proc], None]
@@ -377,7 +382,7 @@ def _render_stragglers(value: dict[str, Any]) -> str:
     for item in found:
         try:
             lines.append(f"  {Straggler(**item).line()}")
-        except (TypeError, KeyError, ValueError) as exc:
+        except (TypeError, KeyError, ValueError, ArithmeticError) as exc:
             raise _NotAReport(f"a straggler is not as unidist writes one ({exc})") from None
     if not found:
         lines.append("  none: every rank kept pace with the others")
@@ -393,6 +398,10 @@ def _text(value: dict[str, Any], name: str) -> str:
 
 def _seconds(value: dict[str, Any], name: str) -> float:
     found = value.get(name, 0)
-    if type(found) not in (int, float) or not 0 <= found < float("inf"):
+    try:
+        seconds = float(found) if type(found) in (int, float) else -1.0
+    except OverflowError:
+        seconds = -1.0
+    if not 0 <= seconds < float("inf"):
         raise _NotAReport(f'"{name}" is not a number of seconds')
-    return float(found)
+    return seconds

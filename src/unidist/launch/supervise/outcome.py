@@ -1,6 +1,6 @@
 """How one rank of a start ended: its :class:`Status` and the facts the report shows.
 
-Below both the watchdog (:mod:`~unidist.launch.supervise.watch`, which keeps the culprit another
+Below both the supervisor (:mod:`~unidist.launch.supervise.watch`, which keeps the culprit another
 node's launcher named) and the report (:mod:`~unidist.launch.supervise.report`, which decides the
 outcomes), so neither imports the other for it.
 """

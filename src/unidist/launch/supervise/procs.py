@@ -33,12 +33,21 @@ class Processes:
     """What the supervisor does to processes; a test gives its own (same methods)."""
 
     def verify(self, pid: int) -> Proc | None:
-        """``pid`` as a rank of this launcher: a child of this process, or None."""
+        """``pid`` as a rank of this launcher: a child of this process (alive, or exited and not
+        yet reaped), or None: not a child, or gone already.
+
+        Where ``os.waitid`` is missing (not Linux), a live process of its own process group
+        (every rank leads one) stands for the child, its start time unknown.
+        """
         if pid <= 0:
+            return None
+        if not hasattr(os, "waitid"):
+            with contextlib.suppress(OSError):
+                return Proc(pid, None) if os.getpgid(pid) == pid else None
             return None
         try:  # raises for any PID that is not this process's child (alive or a zombie)
             os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (ChildProcessError, OSError, AttributeError):
+        except (ChildProcessError, OSError):
             return None
         return Proc(pid, records.process_start_time(pid))
 
@@ -49,9 +58,17 @@ class Processes:
         still sees it. Once torch has reaped it, the status is unknown here (torch's agent acts
         on it then).
         """
+        if not hasattr(os, "waitid"):
+            try:
+                os.kill(proc.pid, 0)
+            except ProcessLookupError:
+                return False, None
+            except PermissionError:
+                pass
+            return True, None
         try:
             info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except (ChildProcessError, OSError, AttributeError):
+        except (ChildProcessError, OSError):
             return False, None  # reaped by torch's agent: gone
         if info is None:
             return True, None

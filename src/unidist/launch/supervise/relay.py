@@ -92,6 +92,8 @@ _MAX_TEXT = 600
 _MAX_PATH = 4096
 #: Seconds a launcher that called a hang waits for every node's facts.
 GATHER = 5.0
+#: Polls that try to read a raised hang flag before the hang is called without its value.
+FLAG_READS = 3
 _MAX_FACTS = 256 * 1024
 
 
@@ -301,8 +303,9 @@ class Relay(threading.Thread):
         self._hang_out: str | None = None  # this node's facts, to publish
         self._hang_in: dict[int, list[RankFacts]] = {}
         self._hang_done = threading.Event()
+        self._flag_reads = 0  # reads of a raised hang flag that failed in a row
 
-    # -- the watchdog's side -------------------------------------------------------------------
+    # -- the supervisor's side -----------------------------------------------------------------
 
     def round(self, generation: str, world_size: int, nproc: int, node_rank: int = 0) -> None:
         """Follow the rendezvous round ``generation`` from now on (forgetting the last one's);
@@ -394,7 +397,7 @@ class Relay(threading.Thread):
             the failure; True otherwise.
         """
         deadline = time.monotonic() + LINGER
-        # The watchdog may not have published this node's failure yet (it looks every 50 ms).
+        # The supervisor may not have published this node's failure yet (it looks every 50 ms).
         while time.monotonic() < deadline - LINGER + 0.5 and not self._known():
             time.sleep(0.05)
         with self._lock:
@@ -429,20 +432,10 @@ class Relay(threading.Thread):
                 settled = self._received is not None and self._received[1].own
             if current is None:
                 continue
-            if leave is not None:
-                self._depart(current, *leave)
-            if self._left == current[0]:
-                if pending is not None:  # a rank failed after all had finished: still told
-                    self._send(current, pending)
-                continue
-            self._beat(current)
-            self._sync_progress(current)
-            self._hang_step(current)
-            if pending is not None:
-                self._send(current, pending)
-            elif not settled:
-                self._look(current)
-                self._follow(current)
+            try:
+                self._poll(current, pending, leave, settled)
+            except Exception:  # what another writer of the store put there: never the end
+                self.errors += 1  # of this thread (its beats would stop: "node lost")
         with self._lock:
             current, leave = self._round, self._leave
         if current is not None and leave is not None:
@@ -450,6 +443,29 @@ class Relay(threading.Thread):
         if self._beating is not None:  # leaving: not to be taken for lost
             self._add(self._key(self._beating[0], f"beat/{self._beating[1]}"), _LEFT)
         self._store = None
+
+    def _poll(
+        self,
+        current: tuple[str, int, int],
+        pending: Failure | None,
+        leave: tuple[str, Callable[[], None]] | None,
+        settled: bool,
+    ) -> None:
+        """One look at the store in round ``current``."""
+        if leave is not None:
+            self._depart(current, *leave)
+        if self._left == current[0]:
+            if pending is not None:  # a rank failed after all had finished: still told
+                self._send(current, pending)
+            return
+        self._beat(current)
+        self._sync_progress(current)
+        self._hang_step(current)
+        if pending is not None:
+            self._send(current, pending)
+        elif not settled:
+            self._look(current)
+            self._follow(current)
 
     def _key(self, generation: str, name: str) -> str:
         return f"{self._prefix}/{generation}/{name}"
@@ -562,11 +578,15 @@ class Relay(threading.Thread):
         if payload is None:
             if not elsewhere and self._call(lambda store: store.check([flag])):
                 raw = self._call(lambda store: store.get(flag))
+                self._flag_reads = 0 if raw is not None else self._flag_reads + 1
+                if raw is None and self._flag_reads < FLAG_READS:
+                    return  # the store did not hand it over: read it again at the next poll
                 with self._lock:
                     self._hang_elsewhere = self._round == current
                     told = self._hang_elsewhere
                 if told:
-                    self._tell(HangFlag(current[0], _flag_node(raw, current)))
+                    named = _flag_node(raw, current) if raw is not None else None
+                    self._tell(HangFlag(current[0], named, read=raw is not None))
             return
         self._call(lambda store: store.compare_set(flag, "", str(node)))
         self._call(lambda store: store.set(self._key(current[0], f"hang/{node}"), payload))

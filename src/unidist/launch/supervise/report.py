@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from unidist.launch import records
-from unidist.launch.printing import shown
+from unidist.launch.printing import escaped, shown
 from unidist.launch.records import Slot, Start
 from unidist.launch.supervise.outcome import OWN, WAITED, RankOutcome, Status
 from unidist.launch.supervise.watch import Observed, RankState
@@ -72,8 +72,9 @@ class Report:
     hang: HangReport | None = None
     #: The ranks consistently slower than the others (printed when there are any).
     stragglers: StragglerReport | None = None
-    #: What must stay open while the report reads the logs (the run folder's handle).
-    keep: Any = None
+    #: The run folder's handle (``runner.FolderHandle``), open while the report reads the logs
+    #: through it.
+    handle: Any = None
 
     @property
     def failed(self) -> bool:
@@ -83,7 +84,12 @@ class Report:
     def format(self) -> str:
         """The summary printed at the end of a run: what failed, or, for a job that succeeded
         after restarts, one line saying so and what each replaced attempt died of. Empty for a
-        job that succeeded at once."""
+        job that succeeded at once. Non-printable characters (a frame's, a log's) are shown
+        escaped: nothing in it reaches the terminal as a control sequence."""
+        text = self._format()
+        return "".join(escaped(line) + "\n" for line in text.splitlines())
+
+    def _format(self) -> str:
         if not self.failed:
             if not self.earlier:
                 return self._straggler_text()
@@ -371,7 +377,7 @@ def analyse(
         start: the last start of this node's ranks (None: none started).
         events: the run's record folder.
         exit_codes: local rank -> exit code, for the ranks torch's agent saw fail.
-        seen: what the watchdog saw of that start.
+        seen: what the supervisor saw of that start.
         plan: the run's plan.
         interrupted: the signal that interrupted the launcher, if any.
         progress: rank -> (steps, the collective it was in or "", its sequence number), from
@@ -416,7 +422,7 @@ def _decide_unrecorded(outcomes: list[RankOutcome], seen: Observed, plan: Launch
             )
     failed = [o for o in outcomes if o.status not in (Status.OK, Status.VANISHED)]
     # The earliest a failure other than a SIGTERM can have happened. A crash is only seen by
-    # the watchdog's next sweep, so it happened after the sweep that last saw that rank
+    # the supervisor's next look, so it happened after the sweep that last saw that rank
     # running: two ranks found gone in one sweep could have died in either order, and a
     # SIGTERM'd rank is then torch's agent stopping the group, not a second culprit.
     first = min(
@@ -520,7 +526,7 @@ _ERROR_WORDS = {
 def outcome_of(
     slot: Slot, found: dict[tuple[str, int], dict[str, Any]], seen: Observed
 ) -> RankOutcome:
-    """How one rank ended, from its records and what the watchdog saw so far."""
+    """How one rank ended, from its records and what the supervisor saw so far."""
     return _outcome(slot, found, None, seen)
 
 

@@ -55,6 +55,7 @@ from unidist.launch.supervise.failures import raise_rendezvous_error
 from unidist.launch.supervise.hang import HANG_EXIT_CODE, HangReport
 from unidist.launch.supervise.report import Report, analyse, check_logs
 from unidist.launch.supervise.supervisor import FINISH_SECONDS, Supervisor
+from unidist.launch.supervise.watch import Observed
 
 __all__ = ["Run", "launch_config", "run", "script_command"]
 
@@ -111,6 +112,16 @@ class Run:
         """The latest start, or None before the first."""
         with self._lock:
             return self.starts[-1] if self.starts else None
+
+    def round_of(self, index: int) -> str | None:
+        """The rendezvous round of start ``index`` (the same string on every node)."""
+        with self._lock:
+            return self.rounds.get(index)
+
+    def started(self) -> list[Start]:
+        """Every start so far, oldest first (a copy: torch's agent adds to it meanwhile)."""
+        with self._lock:
+            return list(self.starts)
 
     def io(self, path: Path) -> Path:
         """``path`` as the launcher reaches it: through the run folder's handle when inside it."""
@@ -335,12 +346,14 @@ def run(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     folder = rundir.create_run_folder(plan.log_root)
+    # Refused if the folder was replaced before it could be opened: then it is not removed
+    # either (by its name, it is no longer the folder this run made).
+    job = Run(plan, folder, None, hand_over=isinstance(entrypoint, str))
     try:
-        probe_templates(plan, folder)
-        job = Run(plan, folder, None, hand_over=isinstance(entrypoint, str))
+        probe_templates(plan, folder, job.io)
         os.mkdir(job.io_folder / ".events", mode=0o700)
     except Exception:
-        rundir.remove(folder)
+        rundir.remove_through(job.handle.fd, folder)
         raise
     if not verbose:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -370,36 +383,43 @@ def run(
         raise_rendezvous_error(job, exc)
         raise
     finally:
-        _wind_down(job, supervisor, forwarding)
-    if interrupted is None and supervisor.forwarded and exit_codes:
+        ended = _wind_down(job, supervisor, forwarding)
+    if ended and interrupted is None and supervisor.forwarded and exit_codes:
         interrupted = supervisor.forwarded  # the ranks ended by the signal passed on to them
-    report = _final_report(job, supervisor, exit_codes, interrupted)
+    report = _final_report(job, supervisor if ended else None, exit_codes, interrupted)
     records.release_left(job.events)  # the rooms of ranks that never finished (killed)
-    report.keep = job.handle  # the report reads the logs through it
+    report.handle = job.handle  # the report reads the logs through it
     return report, results, folder
 
 
-def _wind_down(job: Run, supervisor: Supervisor, forwarding: dict[int, Any]) -> None:
+def _wind_down(job: Run, supervisor: Supervisor, forwarding: dict[int, Any]) -> bool:
     """The job ended: signals back as they were, the supervisor's last look and sweep, the
-    logs closed and copied to the console."""
+    logs closed and copied to the console. Returns whether the supervisor finished (only then
+    is its state this thread's)."""
     for signum, previous in forwarding.items():
         signal.signal(signum, previous)
-    if not supervisor.finish():
+    ended = supervisor.finish()
+    if not ended:
         sys.stderr.write(
-            f"unidist launch: the supervisor did not finish within {FINISH_SECONDS:g} s; the "
-            "report below may miss its last look at the ranks\n"
+            f"unidist launch: the launcher's supervisor did not finish within {FINISH_SECONDS:g} "
+            "s; the report below is built from the ranks' records and exit codes alone\n"
         )
     job.release()
     if job.console is not None:
         job.console.close()
+    return ended
 
 
 def _final_report(
-    job: Run, supervisor: Supervisor, exit_codes: dict[int, int], interrupted: str | None
+    job: Run, supervisor: Supervisor | None, exit_codes: dict[int, int], interrupted: str | None
 ) -> Report:
-    """How the latest start ended: its culprit, or its hang; earlier starts; stragglers (the
-    supervisor has finished: its state is this thread's now)."""
+    """How the latest start ended: its culprit, or its hang; earlier starts; stragglers. From
+    the supervisor's state once it has finished (None: it did not, and is not touched)."""
     plan = job.plan
+    if supervisor is None:
+        report = analyse(job.current, job.events, exit_codes, Observed(), plan, interrupted)
+        report.several_nodes = plan.rdzv.max_nodes > 1
+        return report
     report = analyse(
         job.current,
         job.events,

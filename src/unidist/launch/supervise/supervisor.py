@@ -56,8 +56,7 @@ from unidist.launch.supervise.hang import write as write_report
 from unidist.launch.supervise.outcome import RankOutcome, Status
 from unidist.launch.supervise.procs import Proc, Processes
 from unidist.launch.supervise.report import Report, analyse, outcome_of
-from unidist.launch.supervise.watch import Event as Seen
-from unidist.launch.supervise.watch import Observed, RankState, advance
+from unidist.launch.supervise.watch import Observed, RankState, Sighting, advance
 
 if TYPE_CHECKING:
     from unidist.launch.supervise.runner import Run
@@ -132,11 +131,12 @@ class Supervisor(threading.Thread):
 
     def finish(self, timeout: float = FINISH_SECONDS) -> bool:
         """The job ended: the supervisor's last look and sweep, then it stops. Returns whether
-        it stopped within ``timeout``; from then on its state is the caller's."""
+        it stopped within ``timeout``: only then is its state the caller's (else the caller
+        must not touch it)."""
         self.post(Finish())
         if self.is_alive():
             self.join(timeout)
-        elif not self.ended:  # never started (a test, or an error before the launch)
+        if not self.is_alive() and not self.ended:  # never started, or died: sweep here
             self.handle(Finish())
         return not self.is_alive()
 
@@ -147,6 +147,7 @@ class Supervisor(threading.Thread):
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self) -> None:
+        said: set[str] = set()
         while True:
             try:
                 event: Event = self.inbox.get(timeout=self.interval)
@@ -156,15 +157,21 @@ class Supervisor(threading.Thread):
                 if not self.handle(event):
                     return
             except Exception:  # the supervisor must outlive its own bugs: the job goes on
-                sys.stderr.write(
-                    "unidist launch: the supervisor failed to handle "
-                    f"{type(event).__name__}:\n{traceback.format_exc()}"
-                )
+                text = traceback.format_exc()
+                if text not in said:  # each error once, not every interval
+                    said.add(text)
+                    sys.stderr.write(
+                        "unidist launch: the supervisor failed to handle "
+                        f"{type(event).__name__} (said once):\n{text}"
+                    )
 
     def handle(self, event: Event) -> bool:
         """Handle one event, then look at the ranks; False once :class:`Finish` was handled."""
         if isinstance(event, Finish):
-            self._finish()
+            try:
+                self._finish()
+            finally:
+                self.ended = True  # whatever the sweep met, the loop ends here
             return False
         if isinstance(event, Exited):
             self._exits.setdefault(event.key, event.at_ns)
@@ -207,9 +214,10 @@ class Supervisor(threading.Thread):
 
     def _new_start(self, start: Start) -> None:
         """A restart: what was seen belongs to the earlier start, whose report is kept."""
-        earlier = [s for s in self.run_.starts if self._start < s.index < start.index]
+        starts = self.run_.started()
+        earlier = [s for s in starts if self._start < s.index < start.index]
         if self._start >= 0:
-            previous = next(s for s in self.run_.starts if s.index == self._start)
+            previous = next(s for s in starts if s.index == self._start)
             self._remember(previous, self.seen, start)
         for skipped in earlier:  # begun and replaced between two looks: nothing was seen
             self._remember(skipped, Observed(), start)
@@ -218,7 +226,7 @@ class Supervisor(threading.Thread):
         if self.relay is not None:
             slot = next(iter(start.slots.values()))
             self.relay.round(
-                self.run_.rounds[start.index],
+                self.run_.round_of(start.index) or "",
                 slot.world_size,
                 self.run_.plan.nproc,
                 slot.node_rank,
@@ -250,18 +258,28 @@ class Supervisor(threading.Thread):
                     continue
                 proc = self.processes.verify(int(record["pid"]))
                 if proc is None:
-                    continue  # not a child of this launcher (gone already, or not a rank)
+                    self._gone_before_seen(slot.rank, found)
+                    continue
                 self.procs[key] = proc
                 self.exit_clock.watch(key, proc.pid)
             procs[slot.rank] = proc
         return procs
+
+    def _gone_before_seen(self, rank: int, found: dict[Any, Any]) -> None:
+        """A rank whose recorded PID is no child of this launcher's: it ended and torch's agent
+        reaped it before the first look. Its records say how (its status is lost); its PID is
+        never signalled."""
+        watch = self.seen.watch(rank)
+        if not watch.gone:
+            failed, finished = ("error", rank) in found, ("done", rank) in found
+            advance(watch, Sighting.EXITED, time.time_ns(), failed=failed, finished=finished)
 
     def _check(self, rank: int, proc: Proc, found: dict[Any, Any], start: int) -> None:
         before = time.time_ns()
         running, status = self.processes.status(proc)
         watch = self.seen.watch(rank)
         if running:
-            advance(watch, Seen.RUNNING, before)  # so if it ends, it ends after this
+            advance(watch, Sighting.RUNNING, before)  # so if it ends, it ends after this
             return
         now = time.time_ns()
         stamp = self._exits.get((start, rank))  # the exit itself, if the clock saw it
@@ -269,7 +287,7 @@ class Supervisor(threading.Thread):
         at = stamp if stamp is not None and last_alive <= stamp <= now else now
         finished = ("done", rank) in found or status == 0
         failed = ("error", rank) in found or (status is not None and not finished)
-        advance(watch, Seen.EXITED, at, status=status, failed=failed, finished=finished)
+        advance(watch, Sighting.EXITED, at, status=status, failed=failed, finished=finished)
 
     # -- acting on ranks -------------------------------------------------------------------------
 
@@ -285,7 +303,7 @@ class Supervisor(threading.Thread):
             if self.seen.watch(rank).gone or ("error", rank) in found:
                 continue  # gone, or already failing and on its way out (SIGKILL after grace)
             frozen = self.processes.frozen(proc)
-            advance(self.seen.watch(rank), Seen.STOP, time.time_ns(), frozen=frozen)
+            advance(self.seen.watch(rank), Sighting.STOP, time.time_ns(), frozen=frozen)
             self.processes.signal_group(proc, signal.SIGTERM)
             self.processes.signal_group(proc, signal.SIGCONT)
 
@@ -302,7 +320,7 @@ class Supervisor(threading.Thread):
         for rank in late:
             watch = self.seen.watch(rank)
             if watch.state is not RankState.HUNG:
-                advance(watch, Seen.HANG, time.time_ns())
+                advance(watch, Sighting.HANG, time.time_ns())
                 self.processes.ask_for_stack(procs[rank])  # every thread's stack to its log
         if late:
             time.sleep(STACK_WAIT)
@@ -326,15 +344,17 @@ class Supervisor(threading.Thread):
 
     def _finish(self) -> None:
         """The job ended: the last look (records and exits only), then every rank's process
-        group is killed (leftover DataLoader workers included) and the relay stopped."""
-        self.exit_clock.stop()
-        with contextlib.suppress(Exception):  # the sweep must happen whatever the look found
-            self.look(final=True)
-        for proc in self.procs.values():
-            self.processes.signal_group(proc, signal.SIGKILL)
-        if self.relay is not None:
-            self.relay.stop()
-        self.ended = True
+        group is killed (leftover DataLoader workers included), the exit clock and the relay
+        stopped (the clock after the look, which may still hand it a process to watch)."""
+        try:
+            with contextlib.suppress(Exception):  # the sweep must happen whatever the look met
+                self.look(final=True)
+            for proc in self.procs.values():
+                self.processes.signal_group(proc, signal.SIGKILL)
+        finally:
+            self.exit_clock.stop()
+            if self.relay is not None:
+                self.relay.stop()
 
     # -- hangs and stragglers --------------------------------------------------------------------
 
@@ -374,7 +394,9 @@ class Supervisor(threading.Thread):
             if fact.status == "frozen" and fact.rank in live:
                 self.processes.signal_group(live[fact.rank], signal.SIGCONT)  # to dump stacks
         self.hang.ask_for_stacks(start, live, self.processes.ask_for_stack)
-        called_by = None if flag is None else ("?" if flag.node is None else str(flag.node))
+        called_by = None
+        if flag is not None:
+            called_by = str(flag.node) if flag.node is not None else "?" if flag.read else ""
         report = self.hang.call(facts, missing, called_by)
         self.run_.hangs[start.index] = report
         with contextlib.suppress(OSError):
@@ -405,16 +427,16 @@ class Supervisor(threading.Thread):
     # -- the relay -------------------------------------------------------------------------------
 
     def _current_round(self) -> str | None:
-        return self.run_.rounds.get(self._start) if self._start >= 0 else None
+        return self.run_.round_of(self._start) if self._start >= 0 else None
 
     def _culprit(self, event: Culprit) -> None:
         """The job's culprit, as the store says: another node's (its ranks' failure stops
         these), or this node's own word, which replaced a wait published elsewhere."""
-        start = self.run_.current
+        start = next((s for s in self.run_.started() if s.index == self._start), None)
         if start is None or event.round != self._current_round():
             return  # an earlier round's: a restart recovered from it
         remote = event.failure
-        node = next(iter(start.slots.values())).node_rank
+        node = next(iter(start.slots.values())).node_rank  # in the start of that round
         if remote.node_rank == node:
             self.seen.remote = None
             return

@@ -1,7 +1,7 @@
-"""What the launcher's watchdog knows of each rank: one state, moved by one transition function.
+"""What the launcher's supervisor knows of each rank: one state, moved by one transition function.
 
-The watchdog (:class:`unidist.launch.supervise.runner._Watchdog`) looks at every rank of the
-latest start a few times per torch agent interval and reports what it sees as events;
+The supervisor (:class:`unidist.launch.supervise.supervisor.Supervisor`) looks at every rank of
+the latest start a few times per torch agent interval and reports what it sees as sightings;
 :func:`advance` is the only code that changes a rank's :class:`RankWatch`. The culprit report
 (:mod:`unidist.launch.supervise.report`) is built from these states and the ranks' own error
 files. The states, and how a rank moves::
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 from unidist.launch.supervise.outcome import RankOutcome
 
-__all__ = ["Event", "Observed", "RankState", "RankWatch", "advance"]
+__all__ = ["Observed", "RankState", "RankWatch", "Sighting", "advance"]
 
 
 class RankState(enum.Enum):
-    """Where one rank is, as the watchdog saw it (see the module docstring for the moves)."""
+    """Where one rank is, as the supervisor saw it (see the module docstring for the moves)."""
 
     RUNNING = "running"
     STOPPING = "stopping"  # sent SIGTERM by the launcher, not yet seen gone
@@ -40,8 +40,8 @@ class RankState(enum.Enum):
     STOPPED = "stopped"  # gone after the launcher's SIGTERM
 
 
-class Event(str, enum.Enum):
-    """What the watchdog saw happen to a rank: the input of :func:`advance`."""
+class Sighting(str, enum.Enum):
+    """What the supervisor saw happen to a rank: the input of :func:`advance`."""
 
     RUNNING = "running"  # seen running
     EXITED = "exited"  # seen gone (with its status and records)
@@ -49,7 +49,7 @@ class Event(str, enum.Enum):
     HANG = "hang"  # killed for not finishing in time
 
 
-#: The states of a rank that the watchdog has not yet seen gone.
+#: The states of a rank that the supervisor has not yet seen gone.
 LIVE = (RankState.RUNNING, RankState.STOPPING, RankState.HUNG)
 
 
@@ -74,13 +74,13 @@ class RankWatch:
     def terminated(self) -> bool:
         """Ended by a SIGTERM the launcher did not send: torch's agent stopping it (a node
         joined or left, or the agent's own stop), or someone else. Its agent, not the
-        watchdog, decides what follows: a restart with the new nodes, or the job's end."""
+        supervisor, decides what follows: a restart with the new nodes, or the job's end."""
         return self.gone and self.status == -signal.SIGTERM and self.stopped_at is None
 
 
 def advance(
     watch: RankWatch,
-    event: Event | str,
+    event: Sighting | str,
     at: int,
     *,
     status: int | None = None,
@@ -88,26 +88,27 @@ def advance(
     finished: bool = False,
     frozen: bool = False,
 ) -> None:
-    """Apply one event the watchdog saw to ``watch``.
+    """Apply one event the supervisor saw to ``watch``.
 
     Args:
         watch: the rank's state, changed in place.
-        event: :attr:`Event.RUNNING` (seen running at ``at``), :attr:`Event.EXITED` (seen gone,
-            with ``status``, and whether its records say it ``failed`` or ``finished``),
-            :attr:`Event.STOP` (the launcher sent SIGTERM; ``frozen``: the rank was in state T)
-            or :attr:`Event.HANG` (killed for not finishing in time); or its value.
+        event: :attr:`Sighting.RUNNING` (seen running at ``at``),
+            :attr:`Sighting.EXITED` (seen gone, with ``status``, and whether its records say it
+            ``failed`` or ``finished``), :attr:`Sighting.STOP` (the launcher sent SIGTERM;
+            ``frozen``: the rank was in state T) or :attr:`Sighting.HANG` (killed for not
+            finishing in time); or its value.
         at: when, in ns since the epoch.
 
     Raises:
         ValueError: an unknown event.
     """
     try:
-        event = Event(event)
+        event = Sighting(event)
     except ValueError:
-        raise ValueError(f"unknown watchdog event {event!r}") from None
-    if event is Event.RUNNING:
+        raise ValueError(f"unknown supervisor event {event!r}") from None
+    if event is Sighting.RUNNING:
         watch.alive_at = at
-    elif event is Event.EXITED:
+    elif event is Sighting.EXITED:
         if watch.gone:
             return  # the first sighting counts
         watch.gone_at, watch.status, watch.failed_exit = at, status, failed
@@ -119,11 +120,11 @@ def advance(
             )
     elif watch.gone:  # a stop or a hang
         return  # too late: the launcher stops or kills only ranks it has not seen gone
-    elif event is Event.STOP:
+    elif event is Sighting.STOP:
         watch.stopped_at, watch.frozen = at, frozen
         if watch.state is RankState.RUNNING:
             watch.state = RankState.STOPPING
-    else:  # Event.HANG
+    else:  # Sighting.HANG
         watch.hung_at = at
         if watch.state in (RankState.RUNNING, RankState.STOPPING):
             watch.state = RankState.HUNG
@@ -131,7 +132,7 @@ def advance(
 
 @dataclass
 class Observed:
-    """What the launcher's watchdog saw of the latest start: one :class:`RankWatch` per rank."""
+    """What the launcher's supervisor saw of the latest start: one :class:`RankWatch` per rank."""
 
     ranks: dict[int, RankWatch] = field(default_factory=dict)  # global rank -> its watch
     remote: RankOutcome | None = None  # the culprit on another node, as its launcher said
@@ -153,7 +154,7 @@ class Observed:
     def failed_on_their_own(self) -> set[int]:
         """:attr:`failed`, less the ranks :attr:`RankWatch.terminated` by a SIGTERM from outside.
 
-        These are what the watchdog acts on (stopping the survivors, telling other nodes).
+        These are what the supervisor acts on (stopping the survivors, telling other nodes).
         torch's agent SIGTERMs every rank when a node joins; acting on that as a failure made
         the other nodes' launchers stop their ranks before their own agents saw the new node,
         and the job failed where torchrun's went on.
