@@ -99,7 +99,16 @@ def test_an_elastic_job_takes_in_a_node_that_joins_later(tmp_path: Path) -> None
     args = c10d(port, "1:2", tmp_path / "first", "--rdzv-conf", "last_call_timeout=1")
     first = start_launch(*args, "-n", "1", JOB, "grow")
     starts = tmp_path / "first"
-    wait_for(lambda: list(starts.glob("*/.events/start-s0-r0.json")), 120, "the first node's rank")
+    # Its rank has started its script alone (its start record comes before the script's first
+    # line: a node that joined in between would restart it before it said so).
+    wait_for(
+        lambda: any(
+            "rank 0 of 1 on node 0" in log.read_text()
+            for log in starts.glob("*/attempt0/rank0.stdout.log")
+        ),
+        120,
+        "the first node's rank to start alone",
+    )
     args = c10d(port, "1:2", tmp_path / "second", "--rdzv-conf", "last_call_timeout=1")
     second = start_launch(*args, "-n", "1", JOB, "grow")
     outputs = finish([first, second])

@@ -253,3 +253,18 @@ def test_removing_a_run_folder_removes_what_its_handle_holds_never_what_its_name
     rundir.remove_through(run.handle.fd, folder)
     assert (folder / "theirs.txt").read_text() == "theirs"
     assert list((tmp_path / "moved").iterdir()) == []  # emptied through the handle
+
+
+def test_a_launcher_its_ranks_cannot_reach_through_proc_uses_the_folders_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A process that is not dumpable (setuid, file capabilities) has a /proc/<pid>/fd that
+    # only root may read: its ranks could not write there.
+    from unidist.launch.supervise import runner
+
+    plan = LaunchPlan(target="job.py", nproc=1, log_root=tmp_path)
+    reachable = Run(plan, rundir.create_run_folder(tmp_path))
+    assert str(reachable.io_folder).startswith(f"/proc/{os.getpid()}/fd/")
+    monkeypatch.setattr(runner, "_dumpable", lambda: False)
+    folder = rundir.create_run_folder(tmp_path)
+    assert Run(plan, folder).io_folder == folder

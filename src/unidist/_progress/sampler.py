@@ -11,10 +11,11 @@ to the script), it wakes ten times a second and writes the rank's progress recor
   of nanoseconds, never both (a loop with a loader and a state counts each step once);
 * what the main thread is doing, from its Python stack (read in one C call): in its own code
   (and the innermost frame of it: file, line, function), in a collective (which one), in autograd's
-  backward, or waiting for the DataLoader; and whether it moved since the last look (its
-  innermost frame's instruction changed: a loop iterates, even on one line; or unidist's
-  checkpoint writer wrote another chunk, :func:`moved`: a save that writes is progress, even
-  while the main thread waits in an object store's client);
+  backward, or waiting for the DataLoader; and whether it moved since the last look: its
+  innermost frame changed, or it ran its own Python code at all (:class:`_Nudge`: a loop that
+  iterates, even on one line), or unidist's checkpoint writer wrote another chunk
+  (:func:`moved`: a save that writes is progress, even while the main thread waits in an object
+  store's client);
 * how many looks found it in each of those phases, for the straggler report.
 
 A look holds the groups for microseconds, and never while unidist destroys them (a group whose
@@ -233,6 +234,62 @@ def classify_stack(stack: Sequence[Entry], places: _Places) -> tuple[State, str,
     return state, op, _show(user), _show(inner), key
 
 
+class _Nudge:
+    """Whether the main thread has run Python code since the last look.
+
+    A loop on one line keeps the frame's line, and the interpreter hands the GIL over at the
+    same instruction of each turn, so the stack looks the same at every look. What tells a loop
+    that iterates from a thread blocked in one call (a sleep, a lock, a C library spinning) is
+    that the first runs bytecode: each look queues a pending call (``Py_AddPendingCall``, which
+    needs no GIL and runs on the main thread only, between two instructions of Python code), and
+    the next look sees whether it ran. One call is queued at a time; a thread in C code runs
+    none until it comes back. Without ``ctypes.pythonapi`` (not CPython) it never answers.
+    """
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self._waiting = False
+        self._add: Any = None
+        with contextlib.suppress(Exception):
+            import ctypes
+
+            add = ctypes.pythonapi.Py_AddPendingCall
+            add.argtypes = [_PENDING, ctypes.c_void_p]
+            add.restype = ctypes.c_int
+            self._add = add
+        _NUDGES.append(self)
+
+    def ask(self) -> None:
+        """Queue the next pending call, unless one is still waiting to run."""
+        if self._add is not None and not self._waiting:
+            self._waiting = True
+            if self._add(_ANSWER, None) != 0:  # the queue is full (a blocked main thread)
+                self._waiting = False
+
+    def ran(self) -> None:
+        """The pending call (on the main thread)."""
+        self.answered += 1
+        self._waiting = False
+
+
+def _answer(_: Any) -> int:
+    for nudge in _NUDGES:
+        nudge.ran()
+    return 0
+
+
+#: The nudges of this process (one per sampler; a pending call answers them all).
+_NUDGES: list[_Nudge] = []
+_PENDING: Any = None
+_ANSWER: Any = None
+with contextlib.suppress(Exception):  # not CPython: nudges never answer
+    import ctypes as _ctypes
+
+    _PENDING = _ctypes.CFUNCTYPE(_ctypes.c_int, _ctypes.c_void_p)
+    # Kept for the process's life: a pending call may run after every sampler stopped.
+    _ANSWER = _PENDING(_answer)
+
+
 class _StackReader:
     """The Python stack of the thread that made it, read from another thread in one C call.
 
@@ -407,6 +464,8 @@ class Sampler(threading.Thread):
         self._places = _Places()
         self._key: Any = None
         self._moves = 0  # looks that found the main thread moved on in its own code
+        self._nudge = _Nudge()
+        self._answered = 0
         self._samples = {State.USER: 0, State.COLLECTIVE: 0, State.DATA: 0, State.BACKWARD: 0}
         self.writer.values["main_thread"] = self.main
 
@@ -432,15 +491,24 @@ class Sampler(threading.Thread):
     def look(self) -> None:
         values = self.writer.values
         now = time.monotonic_ns()
-        state, op, user, where, key = classify_stack(self._reader.stack(), self._places)
-        key = (key, self._reader.offset)  # a loop on one line moves its instruction
+        state, op, user, where, place = classify_stack(self._reader.stack(), self._places)
+        key = (place, self._reader.offset)
+        # The innermost frame is the script's own (not a library's, not a C call's caller in
+        # one: a loop that polls through a library's wait is not the script's loop).
+        in_own_code = place is not None and not self._places.is_library(place[0])
         if state in self._samples:
             self._samples[state] += 1
+        ran = self._nudge.answered != self._answered  # Python code ran since the last look
+        self._answered = self._nudge.answered
         if key != self._key:
             values["state_at"] = now
             if state is State.USER and self._key is not None:
                 self._moves += 1
             self._key = key
+        elif ran and state is State.USER and in_own_code:
+            self._moves += 1  # in the script's own frame, and it runs: a loop that iterates
+            values["state_at"] = now
+        self._nudge.ask()
         steps, step_at = _step_count()
         # Never into torch's GIL-releasing calls once asked to stop (see start()).
         sequences = None if self._halt.is_set() else _sequences()

@@ -264,13 +264,26 @@ def open_run_folder(folder: Path) -> int:
 
 def _through(fd: int, folder: Path) -> Path:
     """The name that reaches the folder of handle ``fd`` from this process and its children
-    (``/proc/<pid>/fd/<fd>``, Linux), or ``folder`` where there is none."""
+    (``/proc/<pid>/fd/<fd>``, Linux), or ``folder`` where there is none, or where the children
+    could not use it (this process is not dumpable: a setuid or setgid program, file
+    capabilities; its ``/proc/<pid>/fd`` is then root's alone)."""
     name = Path(f"/proc/{os.getpid()}/fd/{fd}")
     try:
         same = os.path.samestat(os.stat(name), os.fstat(fd))
     except OSError:
         same = False
-    return name if same else folder
+    return name if same and _dumpable() else folder
+
+
+def _dumpable() -> bool:
+    """Whether other processes of this user may reach this one's ``/proc/<pid>/fd``."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(3, 0, 0, 0, 0) == 1)  # PR_GET_DUMPABLE: 1 is "this user's"
+    except (OSError, AttributeError):
+        return True  # no prctl here: nothing says otherwise
 
 
 def _logs_specs(run: Run) -> Any:
