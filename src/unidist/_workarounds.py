@@ -318,8 +318,9 @@ def count_checkpoint_writes(writer: Any, moved: Callable[[], None]) -> Any:
     return writer
 
 
-class _CountingFileSystem:
-    """torch's file system object, with streams opened for writing that count their writes."""
+class _Counting:
+    """A stand-in for torch's object ``inner``, which counts writes through ``moved``; what it
+    does not define itself is ``inner``'s."""
 
     def __init__(self, inner: Any, moved: Callable[[], None]) -> None:
         self._inner = inner
@@ -329,6 +330,10 @@ class _CountingFileSystem:
         if name.startswith("_"):  # never ask for its own fields (copy and pickle do, early)
             raise AttributeError(name)
         return getattr(self._inner, name)
+
+
+class _CountingFileSystem(_Counting):
+    """torch's file system object, with streams opened for writing that count their writes."""
 
     @contextlib.contextmanager
     def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
@@ -336,17 +341,8 @@ class _CountingFileSystem:
             yield _CountingStream(stream, self._moved) if set(mode) & set("wa+") else stream
 
 
-class _CountingStream:
+class _CountingStream(_Counting):
     """A stream whose ``write`` goes in chunks, each counted once written."""
-
-    def __init__(self, inner: Any, moved: Callable[[], None]) -> None:
-        self._inner = inner
-        self._moved = moved
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # never ask for its own fields (copy and pickle do, early)
-            raise AttributeError(name)
-        return getattr(self._inner, name)
 
     def __enter__(self) -> _CountingStream:
         return self

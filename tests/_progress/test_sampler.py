@@ -508,12 +508,18 @@ def test_a_rank_whose_sampler_will_not_stop_keeps_one_writer(
         thread.join(60)
 
 
-def test_a_loop_with_a_loader_and_a_resumable_state_counts_each_step_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The elastic guide's loop: a unidist loader and ResumableState.step() in one loop.
+@pytest.fixture
+def no_steps_yet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process has counted no step and no batch (other tests of it may have)."""
     for name in ("_steps", "_step_at", "_batches", "_batch_at"):
         monkeypatch.setattr(sampler, name, 0)
+
+
+@pytest.mark.usefixtures("no_steps_yet")
+def test_a_loop_with_a_loader_and_a_resumable_state_counts_each_step_once(
+    tmp_path: Path,
+) -> None:
+    # The elastic guide's loop: a unidist loader and ResumableState.step() in one loop.
     loader = unidist.auto_dataloader(list(range(12)), per_rank_batch_size=2)
     state = unidist.ResumableState(tmp_path / "ck", job="j", loader=loader, stop_signals=())
     thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
@@ -529,11 +535,8 @@ def test_a_loop_with_a_loader_and_a_resumable_state_counts_each_step_once(
     assert record.read(tmp_path / "r.bin").steps == 6  # type: ignore[union-attr]
 
 
-def test_a_loop_with_a_loader_alone_counts_its_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    for name in ("_steps", "_step_at", "_batches", "_batch_at"):
-        monkeypatch.setattr(sampler, name, 0)
+@pytest.mark.usefixtures("no_steps_yet")
+def test_a_loop_with_a_loader_alone_counts_its_batches(tmp_path: Path) -> None:
     loader = unidist.auto_dataloader(list(range(12)), per_rank_batch_size=4)
     thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
     thread.start()

@@ -14,7 +14,6 @@ import pickle
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,10 @@ import torch
 from torch import nn
 
 import unidist
+from tests._users import NOBODY, as_user, reachable_folder
 from unidist._resume import folder as files
 from unidist._resume.handle import Dir
 from unidist.errors import CheckpointError
-
-NOBODY = 65534
 
 
 class _Planted:
@@ -69,10 +67,8 @@ def _plant(checkpoint: Path, marker: Path) -> None:
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A folder that uid 65534 can reach (pytest's own are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="unidist-trust-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_folder("unidist-trust-") as path:
+        yield path
 
 
 # -- without another user: the handle itself ---------------------------------------------------
@@ -179,10 +175,7 @@ def _race(first: Path, second: Path, stop: Path, expect: str) -> subprocess.Pope
     it has ``expect``-ed (swapped, or been refused) at least once."""
     racer = subprocess.Popen(
         [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
+            *as_user(NOBODY),
             sys.executable,
             "-c",
             _ATTACKER,

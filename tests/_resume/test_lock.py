@@ -11,14 +11,12 @@ import inspect
 import json
 import logging
 import os
-import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -31,6 +29,7 @@ import pytest
 from torch import nn
 
 import unidist
+from tests._users import NOBODY, as_user, reachable_folder
 from unidist._resume import lock as lock_module
 from unidist._resume.handle import Dir
 from unidist._resume.lock import LOCK, NEW, RunLock
@@ -225,8 +224,6 @@ print("squatting", os.getpid(), flush=True)
 sys.stdin.read()
 """
 
-NOBODY = 65534
-
 
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -266,11 +263,8 @@ class Run:
 
 
 def _squat(path: Path, kinds: str, *, user: int | None = NOBODY) -> subprocess.Popen[str]:
-    as_user = (
-        [] if user is None else ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"]
-    )
     squatter = subprocess.Popen(
-        [*as_user, sys.executable, "-c", SQUAT, str(path), kinds],
+        [*([] if user is None else as_user(user)), sys.executable, "-c", SQUAT, str(path), kinds],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -293,10 +287,8 @@ def _take(
 @pytest.fixture
 def base() -> Iterator[Path]:
     """A folder that uid 65534 can reach (pytest's own are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="unidist-lock-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+    with reachable_folder("unidist-lock-") as path:
+        yield path
 
 
 # 16: a dead run's forked helper --------------------------------------------------------------
@@ -411,9 +403,8 @@ HIDEPID = (
 
 def _as_nobody(folder: Path, script: str = RUN) -> Run:
     """``script`` (RUN, or RUN with something before it) run by uid 65534 on ``folder``."""
-    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     process = subprocess.Popen(
-        [*as_nobody, sys.executable, "-c", script, str(folder), "run-a", "", "hold"],
+        [*as_user(NOBODY), sys.executable, "-c", script, str(folder), "run-a", "", "hold"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -650,10 +641,7 @@ def test_a_folder_this_user_cannot_write_is_named_with_a_hint(base: Path) -> Non
     os.chown(folder, NOBODY, NOBODY)
     done = subprocess.run(
         [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
+            *as_user(NOBODY),
             sys.executable,
             "-c",
             RUN,
@@ -1029,18 +1017,30 @@ def _go_on(run: Run) -> None:
     run.read_until("holding", "refused")
 
 
+def _replacer_paused_at(folder: Path, step: str) -> tuple[subprocess.Popen[str], Run]:
+    """An open file description's read lock on ``.lock`` (pid -1: never a unidist run's), a
+    replacer paused at ``step``, then the read lock gone: (the squatter, the replacer)."""
+    _take(folder).release()
+    squatter = _squat(folder / LOCK, "ofd", user=None)
+    replacer = _paused(folder, step)
+    try:
+        assert "paused" in replacer.said, replacer.said
+        squatter.communicate("", timeout=60)
+    except BaseException:
+        squatter.kill()
+        replacer.end()
+        raise
+    return squatter, replacer
+
+
 def test_a_run_that_takes_the_old_file_while_it_is_being_replaced_lets_go(
     tmp_path: Path,
 ) -> None:
     # An open file description's read lock (pid -1: never a unidist run's) holds .lock; a
     # replacer stops just before its rename; the read lock goes, and a run locks the old file.
     # It must let go: the replacer's rename is coming.
-    _take(tmp_path).release()
-    squatter = _squat(tmp_path / LOCK, "ofd", user=None)
-    replacer = _paused(tmp_path, "rename")
+    squatter, replacer = _replacer_paused_at(tmp_path, "rename")
     try:
-        assert "paused" in replacer.said, replacer.said
-        squatter.communicate("", timeout=60)
         pid = replacer.process.pid
         with pytest.raises(
             CheckpointError, match=rf"another run of this user \(pid {pid}\), which is replacing"
@@ -1063,12 +1063,8 @@ def test_a_replacer_that_finds_the_old_file_taken_by_a_run_leaves_it_alone(
     # The replacer saw only a read lock, then stops before it takes .lock.new; meanwhile the
     # read lock goes and a run takes .lock. The replacer looks again under .lock.new, finds the
     # run, removes .lock.new and is refused by the run's name.
-    _take(tmp_path).release()
-    squatter = _squat(tmp_path / LOCK, "ofd", user=None)
-    replacer = _paused(tmp_path, "open-new")
+    squatter, replacer = _replacer_paused_at(tmp_path, "open-new")
     try:
-        assert "paused" in replacer.said, replacer.said
-        squatter.communicate("", timeout=60)
         before = (tmp_path / LOCK).stat().st_ino
         lock = _take(tmp_path, "run-b")
         try:

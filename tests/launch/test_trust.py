@@ -11,23 +11,20 @@ nothing happened: no hang called, no forged frame printed, no process the forger
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests._users import NOBODY, as_user, reachable_folder
 from tests._waiting import wait_for
 from tests.launch.helpers import alive, start_launch
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.otheruser]
-
-NOBODY = 65534
 
 #: A job that makes progress (a collective every 50 ms) until the file it names appears.
 JOB = """
@@ -74,13 +71,11 @@ else:
 @pytest.fixture
 def shared() -> Iterator[Path]:
     """A team folder: under one uid 65534 can reach, writable by all, no sticky bit."""
-    base = Path(tempfile.mkdtemp(prefix="unidist-shared-", dir="/tmp"))
-    base.chmod(0o755)
-    logs = base / "logs"
-    logs.mkdir()
-    logs.chmod(0o777)
-    yield logs
-    shutil.rmtree(base, ignore_errors=True)
+    with reachable_folder("unidist-shared-") as base:
+        logs = base / "logs"
+        logs.mkdir()
+        logs.chmod(0o777)
+        yield logs
 
 
 def _victims() -> list[subprocess.Popen[bytes]]:
@@ -95,10 +90,7 @@ def test_another_user_swapping_the_run_folder_decides_nothing(shared: Path) -> N
     victims = _victims()
     attacker = subprocess.Popen(
         [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
+            *as_user(NOBODY),
             sys.executable,
             "-c",
             ATTACKER,
