@@ -592,6 +592,17 @@ def test_a_restart_that_waits_gets_the_folder_once_its_earlier_start_lets_go(
 # 18: a lock file that cannot be made or written ----------------------------------------------
 
 
+def _refused(command: list[str]) -> str:
+    """The refusal RUN prints when ``command`` runs it: exit code 3, one line, no traceback."""
+    done = subprocess.run(
+        command, input="", capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert done.returncode == 3, f"exit code {done.returncode}: {done.stdout}{done.stderr}"
+    assert "Traceback" not in done.stderr, done.stderr
+    message: str = json.loads(done.stdout)["refused"]
+    return message
+
+
 def _refused_in_a_mount(tmp_path: Path, options: str, then: str) -> str:
     """What RUN says on a tmpfs of its own (``options``; ``then`` runs once ``ckpt`` is made),
     mounted in a mount namespace of its own: nothing is seen outside, and it all goes at exit."""
@@ -601,17 +612,7 @@ def _refused_in_a_mount(tmp_path: Path, options: str, then: str) -> str:
         f"set -e; mount -t tmpfs -o mode=0755,{options} unidist-test {mnt}; "
         f"mkdir -m 700 {mnt}/ckpt; {then}; exec {sys.executable} -c \"$0\" {mnt}/ckpt run-a '' hold"
     )
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, RUN],
-        input="",
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=120,
-    )
-    assert done.returncode == 3, f"exit code {done.returncode}: {done.stdout}{done.stderr}"
-    assert "Traceback" not in done.stderr, done.stderr
-    message: str = json.loads(done.stdout)["refused"]
+    message = _refused(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, RUN])
     assert f"{mnt}/ckpt" in message
     assert "HINT:" in message
     return message
@@ -639,25 +640,9 @@ def test_a_folder_this_user_cannot_write_is_named_with_a_hint(base: Path) -> Non
     folder = base / "ckpt"
     folder.mkdir(mode=0o500)
     os.chown(folder, NOBODY, NOBODY)
-    done = subprocess.run(
-        [
-            *as_user(NOBODY),
-            sys.executable,
-            "-c",
-            RUN,
-            str(folder),
-            "run-a",
-            "",
-            "hold",
-        ],
-        input="",
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=120,
+    message = _refused(
+        [*as_user(NOBODY), sys.executable, "-c", RUN, str(folder), "run-a", "", "hold"]
     )
-    assert done.returncode == 3, f"exit code {done.returncode}: {done.stdout}{done.stderr}"
-    message = json.loads(done.stdout)["refused"]
     assert f"{folder}/.lock" in message
     assert "Permission denied" in message
     assert f"HINT: chmod u+w {folder}" in message
