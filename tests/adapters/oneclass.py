@@ -1,5 +1,5 @@
-"""Adapters written to the pre-releases' one-class contract (no ``environment``), and a
-third-party adapter that brings the place its jobs run: the shim and the pair, under test."""
+"""An adapter that lacks ``environment`` (refused), and a third-party adapter that brings the
+place its jobs run."""
 
 from __future__ import annotations
 

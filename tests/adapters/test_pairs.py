@@ -1,24 +1,18 @@
-"""An adapter is the pair it provides (its environment and its methods); one-class adapters of
-the pre-releases keep working through the shim, with a warning that says what to change."""
+"""An adapter is the pair it provides (its environment and its methods); an adapter without
+``environment`` is refused with a message that says what to add."""
 
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-import unidist
 from unidist import _env
 from unidist._env import environments
 from unidist.adapters import registry
 from unidist.adapters.base import Adapter
-from unidist.adapters.legacy import LegacyShim
 from unidist.errors import ConfigurationError
-from unidist.testing import CLAUSES, run_distributed
-from unidist.testing.conformance import run_clauses
 
 from .._two_ranks import run_two_ranks
 from .oneclass import OneClassAdapter, RackAdapter, Racks
@@ -34,32 +28,20 @@ def test_the_builtin_adapters_are_pairs() -> None:
     assert registry.get("serial").environment.name == "none"  # type: ignore[union-attr]
 
 
-def test_a_one_class_adapter_runs_through_the_shim_with_a_warning() -> None:
+def test_an_adapter_without_an_environment_is_refused_with_what_to_add() -> None:
     registry.register("oneclass", OneClassAdapter)
-    with pytest.warns(DeprecationWarning, match="compatibility shim") as caught:
-        adapter = registry.get("oneclass")
-    message = str(caught[0].message)
-    assert "the adapter 'oneclass' (OneClassAdapter) has no `environment`" in message
-    assert "has no `environment`" in message
+    with pytest.raises(ConfigurationError) as caught:
+        registry.get("oneclass")
+    message = str(caught.value)
+    assert "OneClassAdapter does not implement the adapter contract" in message
+    assert "it has no environment." in message
+    assert "HINT: give it `environment = None`" in message
     assert "'unidist.environments'" in message
-    assert "'unidist.adapters'" in message
-    assert "unidist 0.2 removes" in message
-    assert isinstance(adapter, LegacyShim)
-    assert isinstance(adapter, Adapter)
-    assert adapter.environment is None
-    assert adapter.name == "oneclass"
-    assert adapter.calls == 0  # what the contract does not name is read from the adapter
-    assert isinstance(adapter.legacy, OneClassAdapter)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert registry.get("oneclass") is adapter  # one instance: warned once
 
 
-def test_an_adapter_passed_as_an_object_is_shimmed_too() -> None:
-    with pytest.warns(DeprecationWarning, match="has no `environment`"):
-        chosen, why = registry.choose(OneClassAdapter(), None, _env.read({}))
-    assert isinstance(chosen, LegacyShim)
-    assert why == "passed as an object"
+def test_an_adapter_passed_as_an_object_without_an_environment_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match=r"has no environment\. HINT: give it"):
+        registry.choose(OneClassAdapter(), None, _env.read({}))  # type: ignore[arg-type]
 
 
 def test_an_object_that_is_no_adapter_says_what_it_lacks() -> None:
@@ -94,32 +76,6 @@ def test_a_third_party_adapters_environment_joins_the_chooser_once() -> None:
         for one in environments.environments():
             if isinstance(one, Racks):
                 environments.unregister(one)
-
-
-def _shimmed_job() -> dict[str, Any]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        registry.register("oneclass", OneClassAdapter, override=True)
-        unidist.initialize("gloo", adapter="oneclass", timeout=60)
-    report = run_clauses(list(CLAUSES))
-    adapter = unidist.current_adapter()
-    calls = adapter.calls  # type: ignore[attr-defined]
-    unidist.finalize()
-    return {
-        "report": report,
-        "warned": [w.category.__name__ for w in caught if "environment" in str(w.message)],
-        "calls": calls,
-    }
-
-
-@pytest.mark.multiprocess
-def test_a_one_class_adapter_passes_every_clause_over_two_processes() -> None:
-    results = run_distributed(_shimmed_job, world_size=2, timeout=180, init=False)
-    for rank, result in enumerate(results):
-        failed = {name: why for name, why in result["report"].items() if why}
-        assert failed == {}, (rank, failed)
-        assert result["warned"] == ["DeprecationWarning"]
-        assert result["calls"] > 10  # every collective went through it
 
 
 JOB = """

@@ -14,11 +14,6 @@ An adapter connects unidist to one framework (Composer's ``composer.utils.dist``
   type-preserving broadcasts, rank-zero helpers, deadlines, votes, samplers, OOM agreement — is
   written once above it, so an adapter stays small.
 
-An adapter written to the pre-releases' one-class contract (the same members, no
-``environment``) still works through a compatibility shim
-(:class:`unidist.adapters.legacy.LegacyShim`), with a ``DeprecationWarning``, for one release:
-unidist 0.2 removes the shim.
-
 Rules every adapter follows (checked by :func:`unidist.testing.check_adapter`):
 
 * ``detect`` is cheap, imports no framework, and never communicates. It answers "does this
@@ -50,7 +45,7 @@ if TYPE_CHECKING:
     from unidist._env import EnvReading, Topology
     from unidist._env.environments import Environment
 
-__all__ = ["REDUCE_OPS", "Adapter", "LegacyAdapter", "NamedAdapter", "PrimitiveOp"]
+__all__ = ["REDUCE_OPS", "Adapter", "NamedAdapter", "PrimitiveOp"]
 
 #: Reduction ops adapters must implement. ``mean`` is built above them from ``sum``.
 PrimitiveOp = Literal["sum", "min", "max", "product", "band", "bor"]
@@ -59,12 +54,17 @@ REDUCE_OPS = ("sum", "mean", "min", "max", "product", "band", "bor")
 
 
 @runtime_checkable
-class LegacyAdapter(Protocol):
-    """The pre-releases' one-class adapter: how ranks talk, without where they run (see
-    :class:`Adapter`, which adds ``environment``)."""
+class Adapter(Protocol):
+    """What a framework adapter provides: where (``environment``) and how (the methods).
+
+    See the module docstring for the rules.
+    """
 
     #: Registry name, e.g. ``"torch"``.
     name: str
+    #: The place its jobs run, or None when unidist's own environments read its launcher's
+    #: variables (the torch variables of Composer's launcher and Ignite's ``Parallel``).
+    environment: Environment | None
 
     def detect(self, env: EnvReading) -> str | None:
         """Say why this adapter fits the running process (e.g. its launcher started it), or None."""
@@ -101,18 +101,6 @@ class LegacyAdapter(Protocol):
     def new_group(self, ranks: Sequence[int]) -> Any:
         """Create a group of the given global ranks (called on every rank) and return its handle."""
         ...
-
-
-@runtime_checkable
-class Adapter(LegacyAdapter, Protocol):
-    """What a framework adapter provides: where (``environment``) and how (the methods).
-
-    See the module docstring for the rules.
-    """
-
-    #: The place its jobs run, or None when unidist's own environments read its launcher's
-    #: variables (the torch variables of Composer's launcher and Ignite's ``Parallel``).
-    environment: Environment | None
 
 
 class NamedAdapter:

@@ -23,7 +23,6 @@ from types import MappingProxyType
 
 from unidist._env import EnvReading, environments
 from unidist.adapters.base import Adapter
-from unidist.adapters.legacy import adapt
 from unidist.errors import AdapterNotFoundError, AdapterUnavailableError, ConfigurationError
 
 __all__ = [
@@ -202,10 +201,52 @@ def get(name: str) -> Adapter:
         )
     cls = spec.target if isinstance(spec.target, type) else _load(spec)
     target = spec.target if isinstance(spec.target, str) else spec.target.__qualname__
-    instance = adapt(cls(), target)
+    instance = _checked(cls(), target)
     _know_environment(instance)
     _instances[name] = instance
     return instance
+
+
+#: The members of :class:`Adapter`, in the order a refusal names the missing ones.
+_MEMBERS = (
+    "name",
+    "environment",
+    "detect",
+    "initialize",
+    "finalize",
+    "topology",
+    "all_reduce",
+    "all_gather",
+    "broadcast",
+    "barrier",
+    "new_group",
+)
+
+
+def _checked(candidate: object, what: str) -> Adapter:
+    """``candidate`` itself when it has every member of :class:`Adapter`.
+
+    Args:
+        candidate: the adapter object.
+        what: where it came from, for messages (``"examples.mine:MyAdapter"``).
+
+    Raises:
+        ConfigurationError: a member is missing; the message names each one.
+    """
+    if isinstance(candidate, Adapter):
+        return candidate
+    missing = [name for name in _MEMBERS if not hasattr(candidate, name)]
+    hint = "run unidist.testing.check_adapter on it"
+    if missing == ["environment"]:
+        hint = (
+            "give it `environment = None` (unidist's environments read its launcher's "
+            "variables), or the Environment of the place it runs, registered under the "
+            f"entry-point group {environments.ENTRY_POINT_GROUP!r}"
+        )
+    raise ConfigurationError(
+        f"{what} does not implement the adapter contract (unidist.adapters.base.Adapter): it "
+        f"has no {', '.join(missing)}. HINT: {hint}."
+    )
 
 
 def _know_environment(adapter: Adapter) -> None:
@@ -241,7 +282,7 @@ def choose(
         The adapter and a sentence saying why it was chosen.
     """
     if explicit is not None and not isinstance(explicit, str):
-        chosen = adapt(explicit, f"the object {explicit!r}")
+        chosen = _checked(explicit, f"the object {explicit!r}")
         _know_environment(chosen)
         return chosen, "passed as an object"
     if explicit is not None:
