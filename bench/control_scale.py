@@ -5,7 +5,7 @@
 
 1. W simulated ranks: four worker processes with W/4 threads each, every rank with its own store
    client, all against one store server started the way each protocol starts it (the new one
-   through ``unidist._comm.listen``: on loopback, libuv from torch 2.8, torch's older server
+   through ``unidist.session.listen``: on loopback, libuv from torch 2.8, torch's older server
    before; the old one as ``TCPStore(host, 0, ...)``, which listens on every interface). Each
    rank drives the real code: the new ``ControlPlane`` (``agree`` with the MicroBatcher's tally
    for the vote, ``barrier`` for a timed barrier, ``exchange`` as ``one_rank_first`` uses it),
@@ -45,12 +45,12 @@ import torch.distributed as dist
 from _util import no_framework_preload
 
 import unidist
-from unidist import lifecycle, sync
-from unidist._comm import listen
-from unidist._comm.control import ControlPlane, ExpectedValues
-from unidist._comm.wire import new_secret
 from unidist._microbatch import tally
 from unidist._microbatch.tally import Vote
+from unidist.collectives import sync
+from unidist.session import lifecycle, listen
+from unidist.session.control import ControlPlane, ExpectedValues
+from unidist.session.wire import new_secret
 from unidist.testing import run_distributed
 
 WORKERS = 4

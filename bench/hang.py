@@ -106,7 +106,7 @@ def overhead(blocks: int, steps: int) -> dict[str, list[float]]:
     import torch
 
     import unidist
-    from unidist._progress import sampler
+    from unidist.hangs import stacks as sampler
 
     path = os.environ["UNIDIST_PROGRESS"]
     tensor = torch.ones(1)
@@ -140,9 +140,9 @@ def overhead(blocks: int, steps: int) -> dict[str, list[float]]:
 def at_scale(nodes: int, local: int, polls: int) -> list[tuple[object, ...]]:
     import torch.distributed as dist
 
-    from unidist._progress import record
-    from unidist._progress.record import Writer
-    from unidist._progress.verdict import RankFacts
+    from unidist.hangs import page as record
+    from unidist.hangs.page import Writer
+    from unidist.hangs.verdict import RankFacts
 
     rows: list[tuple[object, ...]] = []
     with tempfile.TemporaryDirectory(prefix="unidist-bench-hang-") as folder:

@@ -96,7 +96,7 @@ def one_epoch(context: str | None = None) -> float:
     unidist's loader, in every row: a plain DataLoader's worker forked in a rank beside gloo's
     threads can wait forever before its first line (CPython gh-112275, Python <= 3.11.9; once in
     95 forks just after initialize), and the test command runs this in ``unidist.spawn`` ranks.
-    unidist's watches the workers it forks (unidist._resume.forks) and starts such one again.
+    unidist's watches the workers it forks (unidist.data._forks) and starts such one again.
     """
     import unidist
 

@@ -40,9 +40,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
-from unidist import lifecycle, sync
 from unidist._microbatch import tally
 from unidist._microbatch.tally import Vote
+from unidist.collectives import sync
+from unidist.session import lifecycle
 from unidist.testing import OOMBudget, run_distributed
 
 WIDTH, FEATURES, CLASSES = 1024, 256, 10

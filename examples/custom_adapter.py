@@ -47,8 +47,8 @@ from unidist.adapters.base import NamedAdapter
 
 if TYPE_CHECKING:
     from unidist import Topology
-    from unidist._env import EnvReading
     from unidist.adapters.base import PrimitiveOp
+    from unidist.environments.variables import EnvReading
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,

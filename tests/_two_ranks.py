@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from unidist import _env
+from unidist.environments import variables as _env
 
 #: What would place the ranks before the environment under test could.
 OTHER_PLACES = frozenset(

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCE = Path(unidist.__file__).resolve().parent
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 #: A function-level import, which a checker that skipped function bodies would miss.
-LAZY_EDGE = ("unidist.lifecycle", "unidist.devices")
+LAZY_EDGE = ("unidist.session.lifecycle", "unidist.session.devices")
 
 
 def _lint(tree: Path, *contracts: str) -> subprocess.CompletedProcess[str]:
@@ -71,8 +71,20 @@ def tree(tmp_path: Path) -> Path:
             "Adapters hold the contract only",
         ),
         # The state slot calling lifecycle: the cycle this layout removed.
-        ("_state.py", "from unidist import lifecycle", "layers", "unidist is layered"),
-        ("_state.py", "from unidist import lifecycle", "acyclic", "No import cycles"),
+        (
+            "session/state.py",
+            "from unidist.session import lifecycle",
+            "session",
+            "session/: lifecycle on top",
+        ),
+        (
+            "session/state.py",
+            "from unidist.session import lifecycle",
+            "acyclic",
+            "No import cycles",
+        ),
+        # A lower floor reaching up to a higher one.
+        ("session/state.py", "from unidist import ranks", "layers", "unidist is layered"),
         # A neutral module importing an integration instead of loading it by name.
         (
             "samplers.py",
@@ -102,9 +114,9 @@ def tree(tmp_path: Path) -> Path:
         # A feature talking to the control store itself instead of the session's communicator.
         (
             "microbatch.py",
-            "from unidist._comm import control",
+            "from unidist.session import control",
             "communicator",
-            "Above _comm, only initialize starts the control store",
+            "Above the session, only initialize starts the control store",
         ),
         # The plan asking torch itself instead of through launch.torchfacts.
         (
@@ -151,7 +163,14 @@ def test_no_import_cycles_at_all() -> None:
 
 
 #: The top floor: modules written on the public API, as users write their scripts.
-PUBLIC_API_USERS = ("cli.py", "smoke.py", "__main__.py", "__init__.py", "compat/", "testing/")
+PUBLIC_API_USERS = (
+    "cli/__init__.py",
+    "cli/smoke.py",
+    "__main__.py",
+    "__init__.py",
+    "compat/",
+    "testing/",
+)
 
 
 def _public_name_imports(path: Path) -> list[str]:
@@ -184,7 +203,7 @@ def test_only_the_top_floor_imports_the_package_back() -> None:
 #: The modules that may import a unidist module by name: the two registries, and the package's
 #: lazy exports and framework import (their names come from their own tables).
 BY_NAME_ALLOWED = {
-    "_frameworks.py",
+    "_base/frameworks.py",
     "adapters/registry.py",
     "__init__.py",
     "integrations/__init__.py",
@@ -214,7 +233,9 @@ def _imports_by_name(path: Path) -> list[str]:
 def test_nothing_imports_a_unidist_module_by_name_outside_the_registries() -> None:
     """An import by name hides an upward edge from lint-imports: only the registries may."""
     found = _scan(_imports_by_name, lambda name: name in BY_NAME_ALLOWED)
-    assert found == [], "use unidist._frameworks.integration(...) instead:\n" + "\n".join(found)
+    assert found == [], "use unidist._base.frameworks.integration(...) instead:\n" + "\n".join(
+        found
+    )
 
 
 def _scan(check: Callable[[Path], list[str]], allowed: Callable[[str], bool]) -> list[str]:
@@ -253,7 +274,7 @@ def test_the_check_sees_an_import_by_name(tmp_path: Path) -> None:
 
 
 def test_the_framework_registry_matches_what_each_integration_provides() -> None:
-    from unidist import _frameworks
+    from unidist._base import frameworks as _frameworks
 
     for framework, (module, names) in _frameworks.INTEGRATIONS.items():
         tree = ast.parse((SOURCE / Path(*module.split(".")[1:])).with_suffix(".py").read_text())
@@ -270,7 +291,7 @@ def test_the_framework_registry_matches_what_each_integration_provides() -> None
 
 
 def test_an_unknown_integration_function_says_what_there_is() -> None:
-    from unidist import _frameworks
+    from unidist._base import frameworks as _frameworks
     from unidist.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"no integration function 'fsdp'.*'ignite'"):
@@ -302,7 +323,9 @@ def _layer_of() -> dict[str, int]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     contract = next(c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "layers")
     return {
-        name.strip(): i for i, layer in enumerate(contract["layers"]) for name in layer.split("|")
+        name.strip(): i
+        for i, layer in enumerate(contract["layers"])
+        for name in layer.replace(":", "|").split("|")
     }
 
 
@@ -310,7 +333,7 @@ def _layer_of() -> dict[str, int]:
 PRIMITIVES = {"all_reduce", "all_gather", "broadcast", "barrier", "new_group"}
 #: Who may call them on an adapter: the adapters themselves, the communicator, the
 #: conformance kit (it tests an adapter's primitives one by one).
-PRIMITIVE_CALLERS = {"_comm/communicator.py", "testing/conformance.py"}
+PRIMITIVE_CALLERS = {"session/communicator.py", "testing/conformance.py"}
 
 
 def _adapter_primitive_calls(path: Path) -> list[str]:

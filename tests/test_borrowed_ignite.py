@@ -20,8 +20,9 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, SequentialSampler, WeightedRandomSampler
 
 import unidist
-from unidist import ConfigurationError, _state, auto_dataloader
+from unidist import ConfigurationError, auto_dataloader
 from unidist.adapters import torch as torch_adapter
+from unidist.session import state as _state
 from unidist.testing import run_distributed
 
 

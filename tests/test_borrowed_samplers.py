@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unidist
-from unidist import _state
+from unidist.session import state as _state
 
 LENGTHS = st.integers(0, 300)
 WORLDS = st.integers(1, 6)

@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import unidist
-from unidist._migration import POINTERS
-from unidist.models import ddp_keywords
+from unidist._base.migration import POINTERS
+from unidist.parallel.models import ddp_keywords
 
 
 @dataclass(frozen=True)

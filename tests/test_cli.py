@@ -56,7 +56,7 @@ def test_config_json_describes_a_torchrun_rank() -> None:
 def test_config_marks_backends_that_cannot_run_here() -> None:
     import torch
 
-    from unidist import diagnostics
+    from unidist.cli import diagnostics
 
     info = diagnostics.describe()
     text = diagnostics.format_config(info)

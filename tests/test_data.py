@@ -17,12 +17,12 @@ from unidist import (
     DistributedSampler,
     DistributedSamplerWrapper,
     StatefulDataLoader,
-    _state,
     auto_dataloader,
     data,
     gather_in_order,
     shard_iterable,
 )
+from unidist.session import state as _state
 
 
 @pytest.fixture

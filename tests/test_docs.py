@@ -14,7 +14,7 @@ import pytest
 
 import unidist
 from unidist import errors
-from unidist._migration import POINTERS
+from unidist._base.migration import POINTERS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"

@@ -61,7 +61,7 @@ def _run(*args: str, torchs_exit_abort: bool = False) -> subprocess.CompletedPro
     GLOO_EXIT_ABORT ("terminate called without an active exception", pytorch#190489), counts
     as done: the records it wrote before are what the test compares. unidist's scripts must
     exit 0 under torchrun too (unidist drains gloo's workers at exit, see
-    ``unidist._comm.communicator.drain_gloo_at_exit``) and under ``unidist launch``.
+    ``unidist.session.communicator.drain_gloo_at_exit``) and under ``unidist launch``.
     """
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
@@ -81,7 +81,7 @@ def _run(*args: str, torchs_exit_abort: bool = False) -> subprocess.CompletedPro
 
 
 def _torchs_exit_abort(stderr: str) -> bool:
-    from unidist._workarounds import GLOO_EXIT_ABORT
+    from unidist._base.workarounds import GLOO_EXIT_ABORT
 
     return (
         GLOO_EXIT_ABORT.present()

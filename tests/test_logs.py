@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import unidist
-from unidist import _state
+from unidist.session import state as _state
 from unidist.testing import run_distributed
 
 

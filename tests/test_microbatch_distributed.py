@@ -13,9 +13,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import unidist
-from unidist import lifecycle
-from unidist._comm.communicator import CollectiveCommunicator
 from unidist.errors import DistributedTimeoutError, MicrobatchOOMError
+from unidist.session import lifecycle
+from unidist.session.communicator import CollectiveCommunicator
 from unidist.testing import OOMBudget, run_distributed
 
 pytestmark = pytest.mark.multiprocess

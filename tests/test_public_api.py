@@ -9,7 +9,7 @@ import traceback
 import pytest
 
 import unidist
-from unidist._migration import POINTERS
+from unidist._base.migration import POINTERS
 
 EXPECTED = {
     # topology and ranks
@@ -123,21 +123,23 @@ def test_public_modules_declare_all() -> None:
     for name in (
         "ranks",
         "collectives",
-        "groups",
-        "sync",
-        "lifecycle",
+        "collectives.groups",
+        "collectives.sync",
+        "session.lifecycle",
         "errors",
-        "diagnostics",
+        "cli.diagnostics",
         "testing",
         "adapters",
-        "devices",
-        "models",
+        "session.devices",
+        "parallel.models",
         "parallel",
         "parallel.config",
         "parallel.strategies",
         "samplers",
         "data",
-        "streams",
+        "environments",
+        "resume",
+        "data.streams",
         "microbatch",
         "logs",
         "testing.oom",
@@ -172,13 +174,12 @@ def test_ignite_and_composer_names_point_at_unidists(name: str, pointer: str) ->
     assert "Did you mean" not in shown, shown
 
 
-def test_calling_the_sync_module_like_ignites_sync_points_at_initialize() -> None:
+def test_ignites_sync_points_at_initialize() -> None:
     with pytest.raises(
-        TypeError, match=r"unidist\.sync is a module, not ignite\.distributed\.sync"
+        AttributeError, match=r"no attribute 'sync' \(ignite\.distributed\.sync\)"
     ) as info:
-        unidist.sync()  # type: ignore[operator]
+        unidist.sync  # type: ignore[attr-defined]  # noqa: B018
     assert "call unidist.initialize() to adopt it" in str(info.value)
-    assert unidist.sync.barrier is unidist.barrier  # the module itself is unchanged
 
 
 def test_pointers_never_shadow_a_real_name_and_unknown_names_still_fail() -> None:

@@ -99,7 +99,7 @@ def test_tests_mirror_the_source_tree() -> None:
         if not owners:
             wrong.append(
                 f"{path.relative_to(ROOT)}: no src/unidist/{name}.py; a private module's tests "
-                "go in its package's folder (tests/_comm/test_control.py), a whole-library "
+                "go in its package's folder (tests/session/test_control.py), a whole-library "
                 "test in WHOLE_LIBRARY"
             )
     assert wrong == [], "\n".join(wrong)

@@ -470,7 +470,7 @@ def test_a_stop_saves_only_when_the_save_fits_in_the_grace(
 
 
 def test_sigusr1_is_a_stop_signal_only_where_nobody_handles_it(tmp_path: Path) -> None:
-    from unidist._resume.stopping import default_stop_signals
+    from unidist.resume._stopping import default_stop_signals
 
     before = signal.signal(signal.SIGUSR1, signal.SIG_DFL)  # as in a script (not pytest's)
     try:

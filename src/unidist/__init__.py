@@ -13,8 +13,8 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from unidist._migration import missing as _missing
-from unidist._version import __version__
+from unidist._base.migration import missing as _missing
+from unidist._base.version import __version__
 from unidist.errors import (
     AdapterNotFoundError,
     AdapterUnavailableError,
@@ -32,7 +32,7 @@ from unidist.errors import (
 
 #: module -> the public names it gives; each is imported on first access (see __getattr__).
 _MODULES: dict[str, tuple[str, ...]] = {
-    "unidist._env": ("Topology",),
+    "unidist.environments.variables": ("Topology",),
     "unidist._microbatch.memory": ("is_oom",),
     "unidist.collectives": (
         "all_gather",
@@ -43,11 +43,11 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "broadcast_object",
     ),
     "unidist.data": ("StatefulDataLoader", "auto_dataloader", "gather_in_order"),
-    "unidist.devices": ("available_backends", "default_backend", "device"),
-    "unidist.diagnostics": ("probe", "show_config"),
-    "unidist.groups": ("Group", "new_group"),
+    "unidist.session.devices": ("available_backends", "default_backend", "device"),
+    "unidist.cli.diagnostics": ("probe", "show_config"),
+    "unidist.collectives.groups": ("Group", "new_group"),
     "unidist.launch.spawn": ("spawn",),
-    "unidist.lifecycle": (
+    "unidist.session.lifecycle": (
         "available_adapters",
         "backend",
         "current_adapter",
@@ -58,7 +58,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     ),
     "unidist.logs": ("progress", "setup_logging"),
     "unidist.microbatch": ("MicroBatcher", "SizePolicy"),
-    "unidist.models": ("auto_model", "auto_optim", "unwrap_model"),
+    "unidist.parallel.models": ("auto_model", "auto_optim", "unwrap_model"),
     "unidist.parallel": ("DDPConfig", "FSDP2Config", "FSDPConfig", "ParallelismConfig", "TPConfig"),
     "unidist.ranks": (
         "get_local_rank",
@@ -80,15 +80,15 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "DistributedSamplerWrapper",
         "get_sampler",
     ),
-    "unidist.streams": ("ShardedIterable", "shard_iterable"),
-    "unidist.sync": ("barrier",),
+    "unidist.data.streams": ("ShardedIterable", "shard_iterable"),
+    "unidist.collectives.sync": ("barrier",),
 }
 #: Public name -> its module.
 _LAZY: dict[str, str] = {name: module for module, names in _MODULES.items() for name in names}
 
 if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
-    from unidist._env import Topology
     from unidist._microbatch.memory import is_oom
+    from unidist.cli.diagnostics import probe, show_config
     from unidist.collectives import (
         all_gather,
         all_gather_object,
@@ -97,23 +97,14 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
         broadcast,
         broadcast_object,
     )
+    from unidist.collectives.groups import Group, new_group
+    from unidist.collectives.sync import barrier
     from unidist.data import StatefulDataLoader, auto_dataloader, gather_in_order
-    from unidist.devices import available_backends, default_backend, device
-    from unidist.diagnostics import probe, show_config
-    from unidist.groups import Group, new_group
+    from unidist.data.streams import ShardedIterable, shard_iterable
+    from unidist.environments.variables import Topology
     from unidist.launch.spawn import spawn
-    from unidist.lifecycle import (
-        available_adapters,
-        backend,
-        current_adapter,
-        finalize,
-        initialize,
-        is_initialized,
-        use,
-    )
     from unidist.logs import progress, setup_logging
     from unidist.microbatch import MicroBatcher, SizePolicy
-    from unidist.models import auto_model, auto_optim, unwrap_model
     from unidist.parallel import (
         DDPConfig,
         FSDP2Config,
@@ -121,6 +112,7 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
         ParallelismConfig,
         TPConfig,
     )
+    from unidist.parallel.models import auto_model, auto_optim, unwrap_model
     from unidist.ranks import (
         get_local_rank,
         get_local_world_size,
@@ -141,8 +133,16 @@ if TYPE_CHECKING:  # let type checkers and IDEs see the lazy names
         DistributedSamplerWrapper,
         get_sampler,
     )
-    from unidist.streams import ShardedIterable, shard_iterable
-    from unidist.sync import barrier
+    from unidist.session.devices import available_backends, default_backend, device
+    from unidist.session.lifecycle import (
+        available_adapters,
+        backend,
+        current_adapter,
+        finalize,
+        initialize,
+        is_initialized,
+        use,
+    )
 
 __all__ = [
     "AdapterNotFoundError",
@@ -223,7 +223,9 @@ def __getattr__(name: str) -> Any:
     if module is not None:
         value = getattr(importlib.import_module(module), name)
     elif not name.startswith("__") and importlib.util.find_spec(f"unidist.{name}") is not None:
-        value = importlib.import_module(f"unidist.{name}")  # unidist.sync, unidist.testing, ...
+        value = importlib.import_module(
+            f"unidist.{name}"
+        )  # unidist.collectives.sync, unidist.testing, ...
     else:  # Ignite's and Composer's names get a pointer to unidist's
         raise _missing(name)
     globals()[name] = value  # later lookups are plain attribute reads

@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from unidist import _env, lifecycle, sync
 from unidist._microbatch import tally
 from unidist._microbatch.averaging import GradientAverager
 from unidist._microbatch.memory import free_memory, is_oom
@@ -46,12 +45,15 @@ from unidist._microbatch.model import inspect_model
 from unidist._microbatch.policy import SizeChange, SizePolicy, SizeTracker
 from unidist._microbatch.split import batch_size, detached, split_batch, unpack_loss
 from unidist._microbatch.tally import Tally, Vote
+from unidist.collectives import sync
+from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError, RemoteError
+from unidist.session import lifecycle
 
 if TYPE_CHECKING:
     import torch
 
-    from unidist._state import Session
+    from unidist.session.state import Session
 
 __all__ = ["MicroBatcher", "SizeChange", "SizePolicy", "batch_size", "is_oom", "split_batch"]
 

@@ -13,13 +13,14 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from unidist import _state, sync
-from unidist._migration import foreign_keywords
+from unidist._base.migration import foreign_keywords
+from unidist.collectives import sync
 from unidist.errors import ConfigurationError, RemoteError
+from unidist.session import state as _state
 
 if TYPE_CHECKING:
-    from unidist._env import EnvReading, Topology
-    from unidist.groups import Group
+    from unidist.collectives.groups import Group
+    from unidist.environments.variables import EnvReading, Topology
 
 __all__ = [
     "get_local_rank",
@@ -69,7 +70,7 @@ def get_world_size(group: Group | None = None) -> int:
 
 def _group(group: object, what: str) -> Group:
     """``group`` if it is a :class:`~unidist.Group`, else the error every collective gives."""
-    from unidist.groups import Group, refuse_group
+    from unidist.collectives.groups import Group, refuse_group
 
     if not isinstance(group, Group):
         raise refuse_group(group, what)
@@ -119,7 +120,7 @@ def _reading_adopting_the_group() -> EnvReading:
     """
     reading = _state.effective_reading()
     if reading.missing and _state.published() is None and _state.torch_group_is_live():
-        from unidist import lifecycle
+        from unidist.session import lifecycle
 
         lifecycle.initialize()
         reading = _state.effective_reading()

@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from unidist import ranks
-from unidist._checks import check_flag, check_int
+from unidist._base.checks import check_flag, check_int
 from unidist._sampling.native import SamplerRequest, native_sampler
 from unidist._sampling.passes import PassSampler
 from unidist._sampling.permute import (

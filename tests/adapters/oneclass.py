@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from unidist._env import EnvReading, Topology
 from unidist.adapters.torch import TorchAdapter
 from unidist.environments import reading
+from unidist.environments.variables import EnvReading, Topology
 
 
 class OneClassAdapter:

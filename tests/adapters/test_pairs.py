@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from unidist import _env
-from unidist._env import environments
 from unidist.adapters import registry
 from unidist.adapters.base import Adapter
+from unidist.environments import places as environments
+from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError
 
 from .._two_ranks import run_two_ranks

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from unidist import _env
 from unidist.adapters import registry
 from unidist.adapters.torch import TorchAdapter
+from unidist.environments import variables as _env
 from unidist.errors import AdapterNotFoundError, AdapterUnavailableError, ConfigurationError
 
 NONE = _env.read({})

@@ -27,7 +27,7 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from unidist._resume.workers import starting_workers
+from unidist.data.workers import starting_workers
 
 Case = Callable[[Any, int, str], Any]
 
@@ -403,8 +403,9 @@ def _signal_file(m: Any, r: int, w: str) -> Any:
 def _download(m: Any, r: int, w: str) -> Any:
     target = os.path.join(_here(w, m), "data.bin")
     with m.local_rank_zero_download_and_wait(target):
-        if m.get_local_rank() == 0:
-            Path(target).write_text("downloaded")
+        if m.get_local_rank() == 0:  # whole or absent: a waiter that sees the name reads it all
+            Path(target + ".part").write_text("downloaded")
+            os.replace(target + ".part", target)
     return Path(target).read_text()
 
 
@@ -736,7 +737,7 @@ def run_torch(workdir: str, starter: str) -> dict[str, Any]:
     """On every rank: start the world with ``starter``'s call (``"torch"``:
     ``dist.init_process_group``, ``"unidist"``: ``unidist.initialize``), run that side of every
     case, end with its call; the outcomes by case name."""
-    from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+    from unidist._base.workarounds import GLOO_TEARDOWN_DEADLOCK
 
     dist = _dist()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from unidist.groups import Group
+from unidist.collectives.groups import Group
 from unidist.testing import run_distributed
 
 pytestmark = pytest.mark.multiprocess

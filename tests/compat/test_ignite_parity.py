@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.compat import _cases
-from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+from unidist._base.workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.testing import run_distributed
 
 pytestmark = pytest.mark.ignite

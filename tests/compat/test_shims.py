@@ -8,9 +8,9 @@ from unittest import mock
 
 import pytest
 
-from unidist import _state
 from unidist.compat import composer as dist
 from unidist.compat import ignite as idist
+from unidist.session import state as _state
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.compat import _cases
-from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+from unidist._base.workarounds import GLOO_TEARDOWN_DEADLOCK
 from unidist.testing import run_distributed
 
 pytestmark = pytest.mark.multiprocess
@@ -25,7 +25,7 @@ PAIRS = [
     for world in (1, 2)
     for name in NAMES
     # torch < 2.8's own destroy_process_group can deadlock in gloo's teardown, with one rank
-    # too (unidist.finalize works around it: tests/test_workarounds.py); not run there.
+    # too (unidist.finalize works around it: tests/_base/test_workarounds.py); not run there.
     if not (name == "destroy_process_group" and GLOO_TEARDOWN_DEADLOCK.present())
 ]
 

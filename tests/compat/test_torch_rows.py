@@ -30,7 +30,7 @@ from torch.utils.data.distributed import DistributedSampler
 import unidist
 from tests.launch.helpers import LOGS_SPECS, free_port, launch, run_in_process
 from tests.launch.test_torchrun_contract import PER_RUN, TORCHRUN_VARIABLES
-from unidist._workarounds import GLOO_AVG_SUMS, GLOO_TEARDOWN_DEADLOCK
+from unidist._base.workarounds import GLOO_AVG_SUMS, GLOO_TEARDOWN_DEADLOCK
 from unidist.testing import run_distributed
 
 pytestmark = pytest.mark.multiprocess
@@ -365,7 +365,7 @@ def _assert_same_ranks_with_restarts(theirs: Ranks, mine: Ranks, nproc: int) -> 
     """As :func:`_assert_same_ranks`, for a job that may restart: there unidist gives each
     rendezvous round a fresh store on rank 0 instead of the agent's (torch reuses the agent's
     store without a per-round prefix, and gloo then reads the previous round's addresses:
-    ``STATIC_STORE_REUSED`` in unidist._workarounds), so the ranks are told not to use it."""
+    ``STATIC_STORE_REUSED`` in unidist._base.workarounds), so the ranks are told not to use it."""
     _assert_same_ranks(theirs, mine, nproc, (*PER_RUN, "TORCHELASTIC_USE_AGENT_STORE"))
     for rank in range(nproc):
         assert theirs[rank]["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "True"

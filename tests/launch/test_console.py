@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch.helpers import SCRIPTS, launch, run_folder
-from unidist.launch.plan.streams import ConsoleSpec, parse_ranks, parse_std
+from unidist.launch.plan.output import ConsoleSpec, parse_ranks, parse_std
 from unidist.launch.supervise.console import Renderer
 
 BAR = str(SCRIPTS / "bar.py")

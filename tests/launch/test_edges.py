@@ -14,8 +14,8 @@ import pytest
 
 from tests.launch.helpers import JOB, launch, run_folder, run_in_process
 from unidist.cli import main
+from unidist.launch.plan.rendezvous import keep_alive
 from unidist.launch.printing import shown
-from unidist.launch.rendezvous import keep_alive
 
 ESCAPE = "\x1b]0;retitled\x07"  # what would retitle the terminal if printed raw
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from tests.launch.helpers import launch, run_folder
-from unidist._workarounds import GLOO_EXIT_ABORT, GLOO_TEARDOWN_DEADLOCK
+from unidist._base.workarounds import GLOO_EXIT_ABORT, GLOO_TEARDOWN_DEADLOCK
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,7 +152,7 @@ def test_a_unidist_script_under_plain_torchrun_exits_cleanly(tmp_path: Path) -> 
 def test_the_drain_at_exit_is_registered_once_where_the_abort_exists(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from unidist._comm import communicator
+    from unidist.session import communicator
 
     registered: list[tuple[object, ...]] = []
     exit_hooks = types.SimpleNamespace(register=lambda *call: registered.append(call))

@@ -116,7 +116,7 @@ def one_epoch(workers: int) -> int:
     # for it forever. Forked just after initialize's collectives, a plain DataLoader's worker
     # hung once in 95 spawns on Python 3.11.7 (the rank polling its queue, the worker asleep on a
     # futex; a 300 s timeout in a matrix run of b33c719); unidist's starts such a worker again
-    # (unidist._resume.forks).
+    # (unidist.data._forks).
     loader = unidist.StatefulDataLoader(list(range(64)), batch_size=8, num_workers=workers)
     return sum(len(batch) for batch in loader)
 

@@ -29,7 +29,7 @@ from tests.launch.helpers import (
     start_launch,
     start_store_host,
 )
-from unidist._progress.verdict import MARGIN, RATIO
+from unidist.hangs.verdict import MARGIN, RATIO
 
 pytestmark = pytest.mark.multiprocess
 

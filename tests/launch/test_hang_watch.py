@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from unidist._progress import record
-from unidist._progress.verdict import RankFacts
+from unidist.hangs import page as record
+from unidist.hangs.verdict import RankFacts
 from unidist.launch.records import Slot, Start
 from unidist.launch.supervise.hang import HangReport, HangWatch, render
 from unidist.launch.supervise.watch import Observed

@@ -91,7 +91,7 @@ def test_the_patches_apply_when_the_script_imports_torch() -> None:
         "prepare_rank()\n"
         "assert 'torch' not in sys.modules\n"
         "import importlib, torch, torch.distributed as dist\n"
-        "from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK\n"
+        "from unidist._base.workarounds import GLOO_TEARDOWN_DEADLOCK\n"
         "store = importlib.import_module('torch.distributed.rendezvous')._create_c10d_store\n"
         "print(store.__qualname__.split('.')[0], dist.destroy_process_group.__module__,\n"
         "      GLOO_TEARDOWN_DEADLOCK.present())\n"

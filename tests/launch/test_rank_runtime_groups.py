@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+from unidist._base.workarounds import GLOO_TEARDOWN_DEADLOCK
 
 from .helpers import launch
 

@@ -269,7 +269,7 @@ def test_logs_specs_takes_torchruns_entry_points(tmp_path: Path) -> None:
 
 def test_rdzv_conf_quoted_twice_is_read_as_meant() -> None:
     """torchrun's own tests pass ``--rdzv-conf='a=1,b=2'`` with the quotes inside the value."""
-    from unidist.launch.rendezvous import parse_conf
+    from unidist.launch.plan.rendezvous import parse_conf
 
     conf = "'join_timeout=5,last_call_timeout=1,timeout=5'"
     expected = {"join_timeout": "5", "last_call_timeout": "1", "timeout": "5"}

@@ -41,7 +41,7 @@ print(f"rank {unidist.get_rank()} done", flush=True)
 #: folder and swaps the two; says "swapped".
 ATTACKER = r"""
 import ctypes, json, os, sys, time
-from unidist._progress import record
+from unidist.hangs import page as record
 
 logs, go, victims = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3:]]
 while not os.path.exists(go):

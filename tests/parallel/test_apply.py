@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import unidist
-from unidist._workarounds import GLOO_NO_AVG_ALL_REDUCE
+from unidist._base.workarounds import GLOO_NO_AVG_ALL_REDUCE
 from unidist.parallel import ParallelismConfig
 from unidist.testing import run_distributed
 

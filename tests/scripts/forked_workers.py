@@ -28,9 +28,9 @@ import torch
 from _native import Chains  # tests/scripts, this script's folder
 from torch.utils.data import DataLoader, RandomSampler
 
-from unidist import _workarounds
-from unidist._resume import forks
+from unidist._base import workarounds as _workarounds
 from unidist.data import StatefulDataLoader
+from unidist.data import _forks as forks
 
 kind, how, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 persistent = sys.argv[4:] == ["persistent"]

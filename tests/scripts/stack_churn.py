@@ -33,7 +33,7 @@ import time
 
 from _native import Chains  # tests/scripts, this script's folder
 
-from unidist._progress.sampler import _StackReader
+from unidist.hangs.stacks import _StackReader
 
 seconds = float(sys.argv[1])
 old = sys.argv[2:] == ["faulthandler"]

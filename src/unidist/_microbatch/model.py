@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from unidist._loaded import loaded_classes
+from unidist._base.loaded import loaded_classes
 from unidist._microbatch.averaging import by_kind, unflatten_into
 from unidist.errors import ConfigurationError
 

@@ -1,3 +1,3 @@
 """Helpers of unidist's samplers, data loaders and streams (:mod:`unidist.samplers`,
-:mod:`unidist.data`, :mod:`unidist.streams`): epoch orders, passes and resumable state, and the
+:mod:`unidist.data`, :mod:`unidist.data.streams`): epoch orders, passes and resumable state, and the
 frameworks' own samplers."""

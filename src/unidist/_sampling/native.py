@@ -2,7 +2,7 @@
 
 torch's sampler is built here; Composer's and Ignite's live in their integrations
 (:mod:`unidist.integrations.composer`, :mod:`unidist.integrations.ignite`), reached through
-:mod:`unidist._frameworks` only when asked for, so no framework is imported otherwise and no
+:mod:`unidist._base.frameworks` only when asked for, so no framework is imported otherwise and no
 neutral module imports an integration.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from unidist import _frameworks, _state
+from unidist._base import frameworks as _frameworks
 from unidist.errors import ConfigurationError
+from unidist.session import state as _state
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,7 @@ import numpy as np
 from torch.utils.data import DistributedSampler as _TorchDistributedSampler
 
 from unidist import ranks
-from unidist._checks import INT64_LIMIT, check_flag, check_int
+from unidist._base.checks import INT64_LIMIT, check_flag, check_int
 from unidist._sampling.permute import Share
 from unidist.errors import ConfigurationError
 

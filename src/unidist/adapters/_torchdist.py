@@ -5,7 +5,7 @@
   rendezvous on every initialize (Composer, Ignite).
 
 Adapters import this module, the contract (:mod:`unidist.adapters.base`), the environment
-(:mod:`unidist._env`) and the errors, nothing else (an import contract checks it).
+(:mod:`unidist.environments.variables`) and the errors, nothing else (an import contract checks it).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from unidist._env import EnvReading
+    from unidist.environments.variables import EnvReading
 
 __all__ = ["gather", "rank_zero_store_closes_first"]
 

@@ -9,7 +9,7 @@ An adapter connects unidist to one framework (Composer's ``composer.utils.dist``
   it under the entry-point group ``unidist.environments`` as well, so that the rank getters read
   it before anything loads the adapter.
 * **how** its ranks talk: ``initialize``/``finalize``/``topology`` and five primitives, which
-  unidist's communicator (:mod:`unidist._comm.communicator`, one per session) calls for every
+  unidist's communicator (:mod:`unidist.session.communicator`, one per session) calls for every
   collective. Everything users see — Python numbers, ``mean``, uneven and object gathers,
   type-preserving broadcasts, rank-zero helpers, deadlines, votes, samplers, OOM agreement — is
   written once above it, so an adapter stays small.
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from unidist._env import EnvReading, Topology
-    from unidist._env.environments import Environment
+    from unidist.environments.places import Environment
+    from unidist.environments.variables import EnvReading, Topology
 
 __all__ = ["REDUCE_OPS", "Adapter", "NamedAdapter", "PrimitiveOp"]
 

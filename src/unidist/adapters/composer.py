@@ -23,17 +23,17 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from unidist import _env
-from unidist._env.environments import TorchVariables
 from unidist.adapters._torchdist import gather, rank_zero_store_closes_first
 from unidist.adapters.base import NamedAdapter
+from unidist.environments import variables as _env
+from unidist.environments.places import TorchVariables
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import torch
 
-    from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
+    from unidist.environments.variables import EnvReading, Topology
 
 __all__ = ["ComposerAdapter"]
 

@@ -21,8 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from unidist._env import EnvReading, environments
 from unidist.adapters.base import Adapter
+from unidist.environments import places as environments
+from unidist.environments.variables import EnvReading
 from unidist.errors import AdapterNotFoundError, AdapterUnavailableError, ConfigurationError
 
 __all__ = [

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from unidist._env.environments import SingleProcess
 from unidist.adapters.base import NamedAdapter
+from unidist.environments.places import SingleProcess
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import torch
 
-    from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
+    from unidist.environments.variables import EnvReading, Topology
 
 __all__ = ["SerialAdapter"]
 

@@ -8,16 +8,16 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from unidist._env.environments import TorchVariables
 from unidist.adapters._torchdist import gather
 from unidist.adapters.base import NamedAdapter
+from unidist.environments.places import TorchVariables
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import torch
 
-    from unidist._env import EnvReading, Topology
     from unidist.adapters.base import PrimitiveOp
+    from unidist.environments.variables import EnvReading, Topology
 
 __all__ = ["DEFAULT_MASTER_ADDR", "DEFAULT_MASTER_PORT", "TorchAdapter", "init_method_for"]
 

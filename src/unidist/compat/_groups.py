@@ -13,8 +13,8 @@ from typing import Any
 import torch.distributed as dist
 
 import unidist
-from unidist import _state
-from unidist.groups import Group
+from unidist.collectives.groups import Group
+from unidist.session import state as _state
 
 __all__ = ["as_group", "remember"]
 
@@ -28,7 +28,7 @@ _FROM_TORCH: dict[int, tuple[Any, Group]] = {}
 
 
 def as_group(group: object, what: str, *, lists: bool) -> Group | list[int] | None:
-    """``group`` as a unidist :class:`~unidist.groups.Group` (None for the world).
+    """``group`` as a unidist :class:`~unidist.collectives.groups.Group` (None for the world).
 
     Takes a unidist Group, a torch ``ProcessGroup`` and, when ``lists`` (Ignite), a list of
     integer ranks; in one process a list stays a list, as in Ignite's serial model.

@@ -34,10 +34,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 import unidist
+from unidist.collectives.groups import Group
 from unidist.compat._groups import as_group, remember
 from unidist.compat._refusals import check_bitwise, check_sized, checked_src, pickles_type
 from unidist.errors import ConfigurationAttributeError, ConfigurationError
-from unidist.groups import Group
 
 __all__ = [
     "DistributedProxySampler",

@@ -10,7 +10,7 @@ integration translates unidist's settings into the framework's objects, or hands
   ``unidist.auto_model(..., via="ignite")``), trainers with automatic microbatching
   (``create_microbatch_trainer``, ``microbatch_training_step``) and Ignite's samplers.
 
-Neutral modules never import an integration: they ask :mod:`unidist._frameworks` for an
+Neutral modules never import an integration: they ask :mod:`unidist._base.frameworks` for an
 integration's function when a user asks for that framework (each integration lists what it offers
 in ``PROVIDES``), so ``import unidist`` imports no framework and the layers stay one-way.
 """

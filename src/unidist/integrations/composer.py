@@ -36,9 +36,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from unidist import devices
+from unidist._base.workarounds import GLOO_AVG_SUMS
 from unidist._sampling.native import SamplerRequest, no_sampler_wrapper
-from unidist._workarounds import GLOO_AVG_SUMS
 from unidist.errors import ConfigurationError
 from unidist.integrations import import_framework
 from unidist.microbatch import MicroBatcher, SizePolicy
@@ -48,6 +47,7 @@ from unidist.parallel._fields import mixed_precision_dtypes
 from unidist.parallel._gloo import GlooAverageFix
 from unidist.parallel.strategies import DDPConfig
 from unidist.ranks import get_world_size
+from unidist.session import devices
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +64,7 @@ __all__ = [
     "to_composer_parallelism",
 ]
 
-#: What neutral code may ask this integration for, through :mod:`unidist._frameworks`.
+#: What neutral code may ask this integration for, through :mod:`unidist._base.frameworks`.
 PROVIDES = frozenset({"native_sampler", "to_composer_parallelism"})
 
 #: The start of Composer 0.32.1's error for ``"auto"`` off GPU (tests keep this in sync).

@@ -32,13 +32,13 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from unidist import devices, lifecycle
 from unidist._sampling.native import SamplerRequest, torch_sampler
 from unidist.errors import AdapterUnavailableError, ConfigurationError
 from unidist.integrations import import_framework
 from unidist.microbatch import MicroBatcher, SizePolicy
 from unidist.parallel._apply import refuse_cpu_sync_batchnorm
 from unidist.ranks import get_world_size
+from unidist.session import devices, lifecycle
 
 if TYPE_CHECKING:
     import torch
@@ -54,7 +54,7 @@ __all__ = [
     "native_sampler",
 ]
 
-#: What neutral code may ask this integration for, through :mod:`unidist._frameworks`.
+#: What neutral code may ask this integration for, through :mod:`unidist._base.frameworks`.
 PROVIDES = frozenset({"auto_model", "auto_optim", "native_sampler"})
 
 OptimizerT = TypeVar("OptimizerT", bound="torch.optim.Optimizer")

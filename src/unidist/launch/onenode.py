@@ -37,6 +37,6 @@ def register() -> None:
 
 
 def _create(params: RendezvousParameters) -> RendezvousHandler:
-    from unidist.launch._onenode import OneNodeRendezvous  # imports torch
+    from unidist.launch.onenode_handler import OneNodeRendezvous  # imports torch
 
     return OneNodeRendezvous(params, BACKEND, DEFAULT_JOIN_TIMEOUT)

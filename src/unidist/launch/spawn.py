@@ -11,12 +11,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from unidist._checks import YEAR, check_seconds
-from unidist._migration import foreign_keywords
+from unidist._base.checks import YEAR, check_seconds
+from unidist._base.migration import foreign_keywords
 from unidist.errors import ConfigurationError, LaunchError
 from unidist.launch.plan.job import LaunchPlan
-from unidist.launch.plan.streams import ConsoleSpec
-from unidist.launch.rendezvous import Rendezvous
+from unidist.launch.plan.output import ConsoleSpec
+from unidist.launch.plan.rendezvous import Rendezvous
 
 __all__ = ["spawn"]
 
@@ -189,8 +189,8 @@ def _rank_main(
         record_done,
         record_error,
     )
-    from unidist.lifecycle import finalize, initialize
     from unidist.ranks import get_local_rank
+    from unidist.session.lifecycle import finalize, initialize
 
     os.setpgrp()  # lead a process group, as script ranks do, so stopping takes children along
     # This process was started by the spawn method and would hand it down to its DataLoader

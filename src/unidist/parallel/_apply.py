@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from unidist._loaded import loaded_classes
-from unidist._workarounds import GLOO_NO_AVG_ALL_REDUCE
+from unidist._base.loaded import loaded_classes
+from unidist._base.workarounds import GLOO_NO_AVG_ALL_REDUCE
 from unidist.errors import ConfigurationError
 from unidist.parallel._checks import wrap_classes
 from unidist.parallel._gloo import correct_gloo_averaging
@@ -68,8 +68,8 @@ def wrap(
     ``ddp_options`` override the ``DDPConfig``'s settings of the same name; the caller has
     checked them against DDP's signature.
     """
-    from unidist import devices
     from unidist.ranks import get_world_size
+    from unidist.session import devices
 
     _refuse_wrapped(model)
     world = get_world_size()
@@ -113,7 +113,7 @@ def _refuse_wrapped(model: Any) -> None:
 
 
 def _require_torch_group() -> None:
-    from unidist import lifecycle
+    from unidist.session import lifecycle
 
     what = "wrapping the model for data parallelism"
     lifecycle.session_for(what).comm.require_torch(what)

@@ -9,7 +9,7 @@ import math
 from fnmatch import fnmatch
 from typing import TYPE_CHECKING
 
-from unidist._checks import did_you_mean
+from unidist._base.checks import did_you_mean
 from unidist.errors import ConfigurationError
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Checks of one strategy's own values, as its settings object is built (``__post_init__``).
 
-Below :mod:`unidist.parallel.strategies`; the wording is :mod:`unidist._checks`'s.
+Below :mod:`unidist.parallel.strategies`; the wording is :mod:`unidist._base.checks`'s.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from unidist import _checks
-from unidist._checks import check_flag, did_you_mean
+from unidist._base import checks as _checks
+from unidist._base.checks import check_flag, did_you_mean
 from unidist.errors import ConfigurationError
 
 __all__ = ["check_bool", "check_choice", "check_degree", "check_wrap", "mixed_precision_dtypes"]

@@ -2,7 +2,7 @@
 
 FSDP2 reduce-scatters fp32/bf16 gradients with ``ReduceOp.AVG`` and leaves the division to the
 collective. The gloo of torch < 2.9 ignores AVG in ``reduce_scatter_tensor`` and sums (see
-:mod:`unidist._workarounds`), so every gradient comes out ``shard world size`` times too large,
+:mod:`unidist._base.workarounds`), so every gradient comes out ``shard world size`` times too large,
 silently. On those releases, whether the backend does this is probed with one tiny collective;
 where it does, an FSDP2 all-reduce hook (a public ``FSDPModule`` API) divides the reduced shard
 before it becomes the gradient. A fixed torch is left alone without a probe. fp16 reductions are
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from unidist._loaded import loaded_classes
-from unidist._workarounds import GLOO_AVG_SUMS
+from unidist._base.loaded import loaded_classes
+from unidist._base.workarounds import GLOO_AVG_SUMS
 from unidist.parallel.strategies import MESH_DIM_NAMES
 
 if TYPE_CHECKING:

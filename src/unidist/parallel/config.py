@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from unidist._checks import did_you_mean
+from unidist._base.checks import did_you_mean
 from unidist.errors import ConfigurationError
 from unidist.parallel import _apply
 from unidist.parallel._checks import check_model, resolve_degrees
@@ -152,9 +152,9 @@ class ParallelismConfig:
         """Composer's ``ParallelismConfig`` for the same setting.
 
         See :func:`unidist.integrations.composer.to_composer_parallelism`, which does the work
-        (reached through :mod:`unidist._frameworks`, so importing unidist imports no Composer).
+        (reached through :mod:`unidist._base.frameworks`, so importing unidist imports no Composer).
         """
-        from unidist import _frameworks
+        from unidist._base import frameworks as _frameworks
 
         return _frameworks.integration("composer", "to_composer_parallelism")(self, model)
 

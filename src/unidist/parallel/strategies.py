@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-from unidist._checks import did_you_mean
+from unidist._base.checks import did_you_mean
 from unidist.errors import ConfigurationError
 from unidist.parallel._fields import (
     check_bool,

@@ -35,10 +35,11 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from unidist import _env
-from unidist._checks import check_int, check_seconds
-from unidist._progress import record, sampler
+from unidist._base.checks import check_int, check_seconds
+from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
+from unidist.hangs import page as record
+from unidist.hangs import stacks as sampler
 from unidist.launch.leaving import leave_now
 from unidist.launch.rank.runtime import STACK_SIGNAL, default_start_method, die_with_parent
 
@@ -96,7 +97,7 @@ class DistributedTestHang(DistributedTestTimeout):
 
     Attributes:
         verdict: one line that names the stuck rank and what the others wait in.
-        facts: what was known of each rank (``unidist._progress.verdict.RankFacts``).
+        facts: what was known of each rank (``unidist.hangs.verdict.RankFacts``).
     """
 
     def __init__(self, message: str, *, verdict: str, facts: list[Any], **kw: Any) -> None:
@@ -324,7 +325,7 @@ class _HangWatch:
     """The ranks' progress records, read in the parent; when silence becomes a hang."""
 
     def __init__(self, folder: Path, world_size: int, hang_timeout: float) -> None:
-        from unidist._progress.verdict import Deadline
+        from unidist.hangs.verdict import Deadline
 
         self.folder = folder
         self.world_size = world_size
@@ -335,7 +336,7 @@ class _HangWatch:
 
     def look(self, processes: list[multiprocessing.process.BaseProcess]) -> bool:
         """Read the records; True when nothing moved for the hang timeout."""
-        from unidist._progress import record
+        from unidist.hangs import page as record
 
         for rank in range(self.world_size):
             snap = record.read(record.path_for(self.folder, rank))
@@ -351,7 +352,7 @@ class _HangWatch:
         return self.deadline.fixed != 0 and self.deadline.expired(now)
 
     def facts(self, processes: list[multiprocessing.process.BaseProcess]) -> list[Any]:
-        from unidist._progress.verdict import RankFacts
+        from unidist.hangs.verdict import RankFacts
 
         now_ns = time.monotonic_ns()
         host = socket.gethostname()
@@ -372,14 +373,14 @@ class _HangWatch:
         return found
 
     def call(self, processes: list[multiprocessing.process.BaseProcess]) -> None:
-        from unidist._progress.verdict import verdict
+        from unidist.hangs.verdict import verdict
 
         facts = self.facts(processes)
         self.called = (verdict(facts), facts, self.deadline.silence(time.monotonic()))
 
     def describe(self, processes: list[multiprocessing.process.BaseProcess]) -> str:
         """The verdict of the last look (for a run that timed out without a hang called)."""
-        from unidist._progress.verdict import verdict
+        from unidist.hangs.verdict import verdict
 
         if self.called is not None:
             return self.called[0]
@@ -562,10 +563,9 @@ def _worker(job: _Job) -> None:
     err = open(Path(job.workdir, f"rank{job.rank}.err"), "w")  # noqa: SIM115
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
-    # A crash dumps the crashing thread's stack only. Dumping every thread walks the thread
-    # states without a lock, and gloo's threads make and free one each time they release a
-    # finished collective: a rank that segfaulted in tests/test_lifecycle.py under load wrote
-    # "Thread 0x... (most recent call first):" for the first thread and died, showing nothing.
+    # A crash dumps the crashing thread's stack only: dumping every thread walks the thread
+    # states without a lock, while gloo's threads make and free one each time they release a
+    # finished collective, so an all-threads dump can itself crash and show nothing.
     faulthandler.enable(file=err, all_threads=False)
     faulthandler.register(STACK_SIGNAL, file=err, all_threads=True)
     _env.replace_all(job.env)
@@ -579,7 +579,7 @@ def _worker(job: _Job) -> None:
 
     torch.set_num_threads(int(job.env.get("OMP_NUM_THREADS", "1")))
     import unidist
-    from unidist import _state
+    from unidist.session import state as _state
 
     _state.reset()
     outcome = _run_job(job, unidist)

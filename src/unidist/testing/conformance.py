@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import unidist
-from unidist import _env, lifecycle
-from unidist._env.topology import EnvReading
+from unidist.environments import variables as _env
+from unidist.environments.topology import EnvReading
 from unidist.errors import ConfigurationError, RemoteError, UnidistError
+from unidist.session import lifecycle
 
 __all__ = ["CLAUSES", "ConformanceError", "check_environment", "run_clauses"]
 
@@ -377,7 +378,7 @@ def clause_primitives() -> None:
 def clause_environment() -> None:
     """The adapter's environment (where its jobs run) keeps the environment contract and, where
     it finds this job's variables, reads this rank's place as the session does."""
-    from unidist._env.environments import BUILT_IN, SingleProcess
+    from unidist.environments.places import BUILT_IN, SingleProcess
 
     session = lifecycle.session_for("conformance")
     _expect(
@@ -405,7 +406,7 @@ def clause_environment() -> None:
 
 def clause_communicator() -> None:
     """The session's communicator agrees, exchanges and passes flags the same on every rank."""
-    from unidist import sync
+    from unidist.collectives import sync
 
     rank, world = _rank_world()
     comm = lifecycle.session_for("conformance").comm

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from unidist import _checks
+from unidist._base import checks as _checks
 from unidist.errors import ConfigurationError
 
 __all__ = [
@@ -86,7 +86,7 @@ def check_seconds(
     example: str = "30",
 ) -> None:
     """A number of seconds: finite, above 0 (or 0, where ``zero`` says what it means), at most
-    a year; :func:`unidist._checks.check_seconds`, with the option's example as the HINT.
+    a year; :func:`unidist._base.checks.check_seconds`, with the option's example as the HINT.
 
     Raises:
         ConfigurationError: the option, its value and its range.

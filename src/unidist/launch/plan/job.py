@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unidist import _env
+from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError
 from unidist.launch import torchfacts
 from unidist.launch.plan import checks, rundir
 from unidist.launch.plan.options import InvalidVariable, add_arguments, from_variable
-from unidist.launch.plan.streams import ConsoleSpec, parse_ranks, parse_std
-from unidist.launch.rendezvous import Rendezvous, resolve
+from unidist.launch.plan.output import ConsoleSpec, parse_ranks, parse_std
+from unidist.launch.plan.rendezvous import Rendezvous, resolve
 
 __all__ = ["LaunchPlan", "add_arguments", "plan_from_args", "probe_templates"]
 
@@ -88,7 +88,7 @@ class LaunchPlan:
         no_python: run ``target`` as a program (``--no-python``).
         args: arguments for the script.
         nproc: processes on this node.
-        rdzv: how the nodes meet (:class:`~unidist.launch.rendezvous.Rendezvous`).
+        rdzv: how the nodes meet (:class:`~unidist.launch.plan.rendezvous.Rendezvous`).
         max_restarts: times the whole local group is restarted after a failure.
         monitor_interval: seconds between torch's agent's checks of the ranks.
         role: the ranks' role name (``ROLE_NAME``).

@@ -15,7 +15,7 @@ culprit. Each rank also:
   KeyboardInterrupt that cannot be delivered (a script's own signal handler still wins);
 * asks Linux to kill it if the launcher itself dies (no orphans);
 * keeps its progress record (``UNIDIST_PROGRESS``: a thread that says where the rank is, for the
-  launcher's hang and straggler reports, :mod:`unidist._progress`);
+  launcher's hang and straggler reports, :mod:`unidist.hangs`);
 * exports ``NODE_RANK`` (torch's agent only sets ``GROUP_RANK``) for Composer's ``dist``;
 * keeps room on the disk for its error file, written there when its log has filled the disk;
 * works around the gloo destructor deadlock of torch < 2.8 (see :func:`_defer_group_destruction`)
@@ -109,11 +109,11 @@ def prepare_rank(python: bool = True) -> None:
 
 def _record_progress() -> None:
     """Start the thread that keeps this rank's progress record (hang and straggler reports)."""
-    from unidist import _env
+    from unidist.environments import variables as _env
 
     path = _env.progress_file()
     if path:
-        from unidist._progress import sampler
+        from unidist.hangs import stacks as sampler
 
         sampler.start(path)
 
@@ -219,8 +219,8 @@ def _defer_group_destruction() -> None:
 
 
 def _keep_destroyed_groups(dist: Any) -> None:
-    from unidist._comm.communicator import drain_gloo_at_exit
-    from unidist._workarounds import GLOO_TEARDOWN_DEADLOCK
+    from unidist._base.workarounds import GLOO_TEARDOWN_DEADLOCK
+    from unidist.session.communicator import drain_gloo_at_exit
 
     if not GLOO_TEARDOWN_DEADLOCK.present():
         return
@@ -253,7 +253,7 @@ def _end_open_groups() -> None:
     """Destroy, at exit, the process groups the script left open (torch >= 2.8, gloo).
 
     Most scripts never call ``destroy_process_group()``. On the torch releases of
-    :data:`~unidist._workarounds.GLOO_EXIT_ABORT`, a gloo worker thread may then free its last
+    :data:`~unidist._base.workarounds.GLOO_EXIT_ABORT`, a gloo worker thread may then free its last
     collective's tensors while the interpreter finalizes, and the rank dies of SIGABRT after its
     work is done: the job is reported failed. Here an :mod:`atexit` handler, registered when the
     script imports ``torch.distributed``, destroys what is still open while the interpreter is
@@ -270,7 +270,7 @@ def _end_open_groups() -> None:
 def _destroy_at_exit(dist: Any) -> None:
     import atexit
 
-    from unidist._workarounds import GLOO_EXIT_ABORT, GLOO_TEARDOWN_DEADLOCK
+    from unidist._base.workarounds import GLOO_EXIT_ABORT, GLOO_TEARDOWN_DEADLOCK
 
     if GLOO_EXIT_ABORT.present() and not GLOO_TEARDOWN_DEADLOCK.present():
         atexit.register(_destroy_open_groups, dist)
@@ -308,7 +308,7 @@ def _prefix_store_by_attempt() -> None:
 def _prefix_stores(attempt: str) -> None:
     import torch.distributed as dist
 
-    from unidist._workarounds import STATIC_STORE_REUSED, replace_c10d_store
+    from unidist._base.workarounds import STATIC_STORE_REUSED, replace_c10d_store
 
     if not STATIC_STORE_REUSED.present():
         return
@@ -330,11 +330,11 @@ def _bind_group_store_to_master_addr() -> None:
     open to other hosts. When every rank runs on this node, every client resolves ``MASTER_ADDR``
     here, so rank 0 can listen on exactly that address instead: it hands torch a socket bound
     there (``master_listen_fd``; on torch < 2.8 with torch's older server, which is the only one
-    that accepts it, see :data:`unidist._workarounds.LIBUV_STORE_LISTEN_FD`). Across nodes torch's
-    own behaviour stays: a host name can resolve to a loopback alias on its own host
+    that accepts it, see :data:`unidist._base.workarounds.LIBUV_STORE_LISTEN_FD`). Across nodes
+    torch's own behaviour stays: a host name can resolve to a loopback alias on its own host
     (``127.0.1.1``) and to a routable address elsewhere, so only the wildcard is safe there.
     """
-    from unidist import _env
+    from unidist.environments import variables as _env
 
     reading = _env.read()
     if reading.rank != 0 or reading.agent_store or reading.local_world_size != reading.world_size:
@@ -345,13 +345,13 @@ def _bind_group_store_to_master_addr() -> None:
 def _bind_stores() -> None:
     import torch.distributed as dist
 
-    from unidist._comm import listen
-    from unidist._workarounds import (
+    from unidist._base.workarounds import (
         LIBUV_STORE_LISTEN_FD,
         STORE_LISTENS_EVERYWHERE,
         replace_c10d_store,
     )
     from unidist.errors import ConfigurationError
+    from unidist.session import listen
 
     if not STORE_LISTENS_EVERYWHERE.present():
         return
@@ -411,7 +411,7 @@ def record_error(exc: BaseException) -> None:
     A script's ``@record`` (torch's) may have written the file a moment before, with the same
     exception; this replaces it with the same content plus unidist's classification.
     """
-    from unidist._progress import sampler
+    from unidist.hangs import stacks as sampler
 
     sampler.failed(exc)
     records.write_error(
@@ -421,7 +421,7 @@ def record_error(exc: BaseException) -> None:
 
 def record_done() -> None:
     """Record that this rank finished normally."""
-    from unidist._progress import sampler
+    from unidist.hangs import stacks as sampler
 
     sampler.finish()
     _write("done", {})

@@ -1,10 +1,10 @@
 """The launcher's side of hang and straggler attribution: read the ranks' records, call the hang.
 
-Every rank keeps a progress record (``unidist._progress``). The supervisor hands this module its
+Every rank keeps a progress record (``unidist.hangs``). The supervisor hands this module its
 view of the latest start a few times a second; :class:`HangWatch` reads the records of this
 node's ranks (O(local ranks) reads of one page each), notes when anything moved, and says when
 the silence has lasted the timeout (``--hang-timeout``, or the adaptive default of
-``unidist._progress.verdict.Deadline``). Across nodes, the relay adds every node's progress to
+``unidist.hangs.verdict.Deadline``). Across nodes, the relay adds every node's progress to
 one counter in the rendezvous store, so a node whose own ranks wait while another node's work is
 not silent, and publishes each node's facts when the hang is called, so every node prints the
 same report.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unidist._progress import record
-from unidist._progress.record import Snapshot, State
-from unidist._progress.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
+from unidist.hangs import page as record
+from unidist.hangs.page import Snapshot, State
+from unidist.hangs.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
 from unidist.launch.printing import escaped, shown
 from unidist.launch.records import Start
 from unidist.launch.supervise.procs import Proc

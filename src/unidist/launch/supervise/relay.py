@@ -65,10 +65,10 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from unidist._comm.link import Link, connect_within
-from unidist._progress.verdict import RankFacts
+from unidist.hangs.verdict import RankFacts
 from unidist.launch.supervise.events import Culprit, Event, HangFlag
 from unidist.launch.supervise.outcome import Status
+from unidist.session.link import Link, connect_within
 
 __all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
 

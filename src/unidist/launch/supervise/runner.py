@@ -41,14 +41,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from unidist import _env
-from unidist._progress import record as progress_record
+from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError
+from unidist.hangs import page as progress_record
 from unidist.launch import onenode, records
 from unidist.launch.plan import rundir
 from unidist.launch.plan.job import LaunchPlan, probe_templates
+from unidist.launch.plan.rendezvous import NODE_TIMEOUT
 from unidist.launch.records import Slot, Start
-from unidist.launch.rendezvous import NODE_TIMEOUT
 from unidist.launch.supervise import relay
 from unidist.launch.supervise.console import Console
 from unidist.launch.supervise.failures import raise_rendezvous_error

@@ -36,7 +36,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from unidist._progress.record import State
+from unidist.hangs.page import State
 from unidist.launch import records
 from unidist.launch.printing import escaped
 from unidist.launch.records import Start

@@ -1,1 +1,0 @@
-"""Helpers of :mod:`unidist.resume`: the checkpoint folder and the stop signals."""
