@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 
 from unidist.adapters import registry
-from unidist.session import lifecycle
-from unidist.session import state as _state
+from unidist.session import lifecycle, state as _state
 
 #: Variables that would make the test process look like a rank of some job.
 _LAUNCHER_VARIABLE = re.compile(

@@ -327,3 +327,32 @@ def test_every_row_of_the_torch_page_has_a_parity_test() -> None:
             source = ROOT / path
             assert source.is_file(), f"{cell}: {path} does not exist"
             assert f"def {name}(" in source.read_text(), f"{cell}: {node} does not exist"
+
+
+#: Dotted names that are not a module or attribute of unidist's on purpose: logger names, the
+#: names Ignite and Composer users try (each has a pointer), and a sampler state's format tag.
+NOT_OBJECTS = {"unidist.sampler", "unidist.rendezvous"} | {f"unidist.{n}" for n in POINTERS}
+
+
+def _exists(path: str) -> bool:
+    try:
+        _resolve(path)
+    except (AssertionError, AttributeError):
+        return False
+    return True
+
+
+def test_every_unidist_name_the_docs_and_docstrings_give_exists() -> None:
+    """A module or object named in full (``unidist.session.lifecycle.initialize``) in the docs,
+    the README, CONTRIBUTING or a docstring or comment of the source is there: a move that left
+    its old name behind fails here."""
+    pattern = re.compile(r"(?<![\w/.-])unidist(?:\.[A-Za-z_]\w*)+")
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *DOCS.rglob("*.md")]
+    files += sorted((ROOT / "src" / "unidist").rglob("*.py"))
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in set(pattern.findall(path.read_text()))
+        if name not in NOT_OBJECTS and not _exists(name)
+    )
+    assert missing == [], "\n".join(missing)

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 
 from unidist import ConfigurationError, DistributedSampler, get_sampler
 from unidist._sampling.permute import SMALL

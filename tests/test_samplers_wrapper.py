@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
+from hypothesis import assume, given, settings, strategies as st
 from torch.utils.data import RandomSampler, SequentialSampler, WeightedRandomSampler
 
 from unidist import (

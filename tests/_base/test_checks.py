@@ -9,8 +9,7 @@ from datetime import timedelta
 import pytest
 
 from unidist._base import checks as _checks
-from unidist.environments import parse as reading
-from unidist.environments import variables as _env
+from unidist.environments import parse as reading, variables as _env
 from unidist.errors import ConfigurationError
 from unidist.launch.plan import checks as launch_checks
 
@@ -68,7 +67,9 @@ def test_ints_in_a_closed_range() -> None:
 
 def test_the_launchers_options_and_the_variables_use_the_same_wording() -> None:
     with pytest.raises(ConfigurationError) as caught:
-        launch_checks.check_seconds(-1.0, "--exit-timeout", zero="waits for ever", example="600")
+        launch_checks.check_option_seconds(
+            -1.0, "--exit-timeout", zero="waits for ever", example="600"
+        )
     assert str(caught.value) == (
         "--exit-timeout must be a positive number of seconds and at most 31536000 (a year), "
         "or 0 (waits for ever), got -1.0. HINT: e.g. --exit-timeout 600; --exit-timeout 0 "

@@ -10,8 +10,7 @@ import pytest
 
 from unidist.adapters import registry
 from unidist.adapters.base import Adapter
-from unidist.environments import places as environments
-from unidist.environments import variables as _env
+from unidist.environments import places as environments, variables as _env
 from unidist.errors import ConfigurationError
 
 from .._two_ranks import run_two_ranks

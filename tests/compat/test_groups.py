@@ -59,8 +59,7 @@ def finalize_with_a_group_unidist_did_not_start() -> tuple[bool, bool, int, int]
 
     import unidist
     import unidist.compat.ignite as idist
-    from unidist.compat import _groups
-    from unidist.compat import composer as cdist
+    from unidist.compat import _groups, composer as cdist
 
     dist.init_process_group("gloo")  # the script's own group: unidist adopts it, and keeps it
     idist.all_reduce(torch.tensor([1]), group=[0, 1])

@@ -8,8 +8,7 @@ from unittest import mock
 
 import pytest
 
-from unidist.compat import composer as dist
-from unidist.compat import ignite as idist
+from unidist.compat import composer as dist, ignite as idist
 from unidist.session import state as _state
 
 

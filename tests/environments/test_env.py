@@ -407,7 +407,7 @@ def test_settings_reject_a_bad_timeout() -> None:
     ):
         _env.read_settings({"UNIDIST_TIMEOUT": "soon"})
     assert _env.read_settings({"UNIDIST_TIMEOUT": "12.5", "UNIDIST_ADAPTER": "ignite"}) == (
-        _env.Settings(adapter="ignite", timeout=12.5)
+        _env.OwnSettings(adapter="ignite", timeout=12.5)
     )
 
 
@@ -436,6 +436,6 @@ def test_patched_restores_only_what_it_set(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("RANK", "3")
     with _env.patched({"RANK": "0", "WORLD_SIZE": "4"}) as applied:
         assert applied == {"WORLD_SIZE": "4"}
-        assert _env.read_settings() == _env.Settings()
+        assert _env.read_settings() == _env.OwnSettings()
     assert not _env.is_set("WORLD_SIZE")
     assert _env.snapshot(("RANK",)) == {"RANK": "3"}

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from unidist import environments
-from unidist.environments import EnvReading, reading
-from unidist.environments import places as builtin
-from unidist.environments import variables as _env
+from unidist.environments import EnvReading, places as builtin, reading, variables as _env
 from unidist.errors import ConfigurationError, TopologyError
 from unidist.testing import ConformanceError, check_environment
 

@@ -17,8 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import unidist
-from unidist.hangs import page as record
-from unidist.hangs import stacks as sampler
+from unidist.hangs import page as record, stacks as sampler
 from unidist.hangs.page import State, Writer
 from unidist.hangs.stacks import (
     Entry,

@@ -102,8 +102,7 @@ def test_ddp_is_left_to_composer() -> None:
 
 
 def test_fsdp_v1(world_of_four: None) -> None:
-    from composer.utils import FSDPConfig as ComposerFSDP
-    from composer.utils import ParallelismConfig as ComposerParallelism
+    from composer.utils import FSDPConfig as ComposerFSDP, ParallelismConfig as ComposerParallelism
 
     config = ParallelismConfig(
         fsdp=FSDPConfig(
@@ -136,8 +135,7 @@ def test_fsdp_v1_replicate_one_is_composers_none(world_of_four: None) -> None:
 
 
 def test_fsdp2_with_tp(world_of_four: None) -> None:
-    from composer.utils import FSDP2Config as ComposerFSDP2
-    from composer.utils import TPConfig as ComposerTP
+    from composer.utils import FSDP2Config as ComposerFSDP2, TPConfig as ComposerTP
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     config = ParallelismConfig(fsdp2=FSDP2Config(reshard_after_forward=False), tp=TPConfig(2, PLAN))

@@ -12,7 +12,7 @@ import pytest
 
 from unidist.launch import records
 from unidist.launch.rank.runtime import record_done
-from unidist.launch.supervise.report import storage_problem
+from unidist.launch.supervise.excerpts import storage_problem
 
 IDENTITY = {"rank": 1, "pid": 4242, "host": "here"}
 

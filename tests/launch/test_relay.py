@@ -16,7 +16,8 @@ import pytest
 from tests._waiting import join_store_threads, wait_for
 from tests.launch.helpers import free_port, start_store_host
 from unidist.launch.supervise import relay
-from unidist.launch.supervise.relay import Failure, Relay, decode, encode
+from unidist.launch.supervise.notices import Failure, decode, encode
+from unidist.launch.supervise.relay import Relay
 
 ROUND = "0-10.0.0.1:1234"
 RAISED = Failure(

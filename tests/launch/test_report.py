@@ -15,15 +15,14 @@ import pytest
 
 from unidist.launch.plan.job import LaunchPlan
 from unidist.launch.records import Slot, Start
-from unidist.launch.supervise.outcome import RankOutcome
-from unidist.launch.supervise.report import (
-    analyse,
+from unidist.launch.supervise.excerpts import (
     check_logs,
     crash_excerpt,
-    exit_code_of,
     stack_excerpt,
     storage_problem,
 )
+from unidist.launch.supervise.outcome import RankOutcome
+from unidist.launch.supervise.report import analyse, exit_code_of
 from unidist.launch.supervise.watch import Observed, advance
 
 PLAN = LaunchPlan(target="job.py", nproc=2)
@@ -307,7 +306,7 @@ def test_a_rank_whose_log_disk_is_full_is_reported_so(
     seen = observed(stopped={0: 7}, gone={1: 5, 0: 8}, status={1: 1, 0: -15}, failed={1})
     report = analyse(start, tmp_path / ".events", {1: 1}, seen, PLAN)
     monkeypatch.setattr(os, "write", _failing(errno.ENOSPC, "write"))
-    check_logs(report)
+    check_logs(report.outcomes)
     monkeypatch.undo()
     text = report.format()
     culprit = next(line for line in text.splitlines() if "culprit:" in line)

@@ -26,8 +26,8 @@ from unidist.launch.plan import rundir
 from unidist.launch.plan.job import LaunchPlan
 from unidist.launch.supervise.events import Culprit, Exited, Finish, Forward, HangFlag, Tick
 from unidist.launch.supervise.hang import HangWatch
+from unidist.launch.supervise.notices import Failure
 from unidist.launch.supervise.procs import Proc, Processes
-from unidist.launch.supervise.relay import Failure
 from unidist.launch.supervise.runner import Run
 from unidist.launch.supervise.supervisor import Supervisor
 from unidist.launch.supervise.watch import RankState

@@ -37,11 +37,11 @@ def test_a_rank_the_launcher_stops() -> None:
     assert (watch.state, watch.status, watch.failed_exit) == (RankState.STOPPED, -15, True)
 
 
-def test_a_rank_that_hangs_stays_hung_when_it_is_gone() -> None:
+def test_a_rank_killed_at_the_exit_timeout_stays_overdue_when_it_is_gone() -> None:
     watch = RankWatch()
-    advance(watch, "hang", 4)
+    advance(watch, "overdue", 4)
     advance(watch, "exited", 6, status=-9, failed=True)
-    assert (watch.state, watch.hung_at, watch.gone_at) == (RankState.HUNG, 4, 6)
+    assert (watch.state, watch.overdue_at, watch.gone_at) == (RankState.OVERDUE, 4, 6)
 
 
 def test_only_the_first_exit_counts_and_a_gone_rank_is_not_revived() -> None:
@@ -49,9 +49,9 @@ def test_only_the_first_exit_counts_and_a_gone_rank_is_not_revived() -> None:
     advance(watch, "exited", 5, status=0, finished=True)
     advance(watch, "exited", 9, status=1, failed=True)
     advance(watch, "stop", 10)
-    advance(watch, "hang", 11)
+    advance(watch, "overdue", 11)
     assert (watch.state, watch.gone_at, watch.status) == (RankState.FINISHED, 5, 0)
-    assert (watch.stopped_at, watch.hung_at) == (None, None)
+    assert (watch.stopped_at, watch.overdue_at) == (None, None)
 
 
 def test_an_unknown_event_is_an_error() -> None:
@@ -91,5 +91,5 @@ def test_sightings_are_an_enum_whose_values_are_the_words() -> None:
     advance(watch, Event.STOP, 2)
     advance(watch, Event.EXITED, 3, status=-15, failed=True)
     assert watch.state is RankState.STOPPED
-    assert [e.value for e in Event] == ["running", "exited", "stop", "hang"]
-    assert Event("hang") is Event.HANG
+    assert [e.value for e in Event] == ["running", "exited", "stop", "overdue"]
+    assert Event("overdue") is Event.OVERDUE

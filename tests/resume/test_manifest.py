@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import unidist
 from unidist.errors import CheckpointError
-from unidist.resume import _folder as files
-from unidist.resume import _manifest as records
+from unidist.resume import _folder as files, _manifest as records
 
 STEP = files.step_name(3)
 

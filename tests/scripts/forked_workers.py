@@ -29,8 +29,7 @@ from _native import Chains  # tests/scripts, this script's folder
 from torch.utils.data import DataLoader, RandomSampler
 
 from unidist._base import workarounds as _workarounds
-from unidist.data import StatefulDataLoader
-from unidist.data import _forks as forks
+from unidist.data import StatefulDataLoader, _forks as forks
 
 kind, how, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
 persistent = sys.argv[4:] == ["persistent"]

@@ -253,8 +253,7 @@ def test_broadcasts_refuse_non_members() -> None:
 def test_start_up_publishes_the_session_only_when_it_is_finished(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from unidist.session import lifecycle
-    from unidist.session import state as _state
+    from unidist.session import lifecycle, state as _state
 
     settle = lifecycle._complete
     seen = []
@@ -276,8 +275,7 @@ def test_start_up_publishes_the_session_only_when_it_is_finished(
 def test_a_failed_start_up_publishes_nothing_and_tears_down(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from unidist.session import lifecycle
-    from unidist.session import state as _state
+    from unidist.session import lifecycle, state as _state
 
     def broken(session: _state.Session) -> None:
         raise TopologyError("the ranks disagree (on purpose)")

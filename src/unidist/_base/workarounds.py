@@ -37,16 +37,13 @@ every interface           (2.7 to 2.14)         store listens on MASTER_ADDR onl
                                                 :func:`replace_c10d_store`)
 ========================  ====================  ===========================================
 
-The releases were measured on this project's machines (``tests/_base/test_workarounds.py`` in the
-pinned and latest environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0 and
-2.11.0): the deadlock hung 5 of 5 runs of 10 rounds on 2.7.0 and 0 of 5 on 2.8.0 and every later
-release tried; reduce_scatter AVG summed on 2.4.1 to 2.8.0 and averaged from 2.9.0 on;
-all_reduce AVG was refused up to 2.7.0 and worked from 2.8.0 on; the libuv store refused a
-listening socket on 2.7.0 and took it on 2.14.1. The abort at exit killed 5 of 8 two-rank
-torchrun jobs on 2.14.1; on 2.7.0 it is rarer (a unidist script ending right after 200
-all-reduces under plain torchrun, two busy processes beside it: 2 of 100, and once in a test
-matrix run) but present, so the exit drain is registered on every release; destroying the open
-groups at exit is done from 2.8 on only, where it cannot deadlock (the first bug).
+The releases were measured with ``tests/_base/test_workarounds.py`` in the pinned and latest
+environments, and by hand on 2.4.1, 2.5.1, 2.8.0, 2.9.0, 2.9.1, 2.10.0 and 2.11.0: the deadlock
+is in 2.7.0 and in no release from 2.8.0 on; reduce_scatter AVG sums on 2.4.1 to 2.8.0; all_reduce
+AVG is refused up to 2.7.0; the libuv store refuses a listening socket on 2.7.0 and takes it on
+2.14.1; the abort at exit is in every release tried, 2.7.0 included. So the exit drain is
+registered on every release, and the open groups are destroyed at exit from 2.8 on only, where
+that cannot deadlock (the first bug).
 
 ========================  ====================  ===========================================
 CPython bug               affected Python       worked around in

@@ -162,9 +162,9 @@ def run() -> NoReturn:
     (``unidist.session.link.connect_within``). On Python 3.13 and older, interpreter finalization
     ends such a thread with ``pthread_exit`` when it next takes the GIL; unwinding through
     torch's C++ frames then aborts the process (SIGABRT, "terminate called without an active
-    exception"; CPython gh-87135, whose threads hang instead from 3.14), and the status is lost:
-    a load run of the suite saw it on a launcher whose rendezvous host left. With a daemon
-    thread alive the process leaves as :func:`_finish` does: streams flushed, no teardown.
+    exception"; CPython gh-87135, whose threads hang instead from 3.14), and the status is lost
+    (a launcher whose rendezvous host left is one such case). With a daemon thread alive the
+    process leaves as :func:`_finish` does: streams flushed, no teardown.
     """
     import threading
 

@@ -23,8 +23,7 @@ from typing import Any, TextIO
 from unidist.adapters import registry
 from unidist.environments import variables as _env
 from unidist.errors import UnidistError
-from unidist.session import devices, lifecycle
-from unidist.session import state as _state
+from unidist.session import devices, lifecycle, state as _state
 
 __all__ = ["describe", "format_config", "format_probe", "probe", "show_config", "show_probe"]
 

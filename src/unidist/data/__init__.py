@@ -30,7 +30,7 @@ from unidist._sampling.passes import PassSampler
 from unidist.data import workers
 from unidist.data.streams import ShardedIterable
 from unidist.errors import ConfigurationError, TopologyError
-from unidist.hangs import stacks as progress
+from unidist.hangs import stacks
 from unidist.samplers import DistributedSampler, get_sampler
 
 __all__ = ["StatefulDataLoader", "auto_dataloader", "gather_in_order"]
@@ -135,7 +135,7 @@ class _Counting(Iterator[Any]):
             raise
         self._delivered += 1
         self._sampler._loader_progress(self._delivered * self._per_batch, False)
-        progress.batch()
+        stacks.batch()
         return batch
 
     def __len__(self) -> int:

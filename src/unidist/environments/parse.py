@@ -19,9 +19,9 @@ from unidist.environments.places import LAUNCHER_MARKER
 from unidist.environments.topology import EnvReading
 
 __all__ = [
+    "HANG_PAGE",
     "LAUNCHER_MARKER",
-    "PROGRESS",
-    "Settings",
+    "OwnSettings",
     "chosen",
     "progress_file",
     "read",
@@ -31,13 +31,13 @@ __all__ = [
     "timeout_seconds",
 ]
 
-#: Set by ``unidist launch`` and the test harness in each rank: where it keeps its progress
-#: record (see ``unidist.hangs``).
-PROGRESS = "UNIDIST_PROGRESS"
+#: Set by ``unidist launch`` and the test harness in each rank: where it keeps its page of
+#: facts for hang attribution (see :mod:`unidist.hangs.page`).
+HANG_PAGE = "UNIDIST_PROGRESS"
 
 
 @dataclass(frozen=True)
-class Settings:
+class OwnSettings:
     """unidist's own variables: ``UNIDIST_ADAPTER``, ``UNIDIST_TIMEOUT``, ``UNIDIST_LAUNCHER``."""
 
     adapter: str | None = None
@@ -71,7 +71,7 @@ def chosen(names: tuple[str, ...], environ: Mapping[str, str] | None = None) -> 
     return {name: env[name] for name in names if name in env}
 
 
-def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
+def read_settings(environ: Mapping[str, str] | None = None) -> OwnSettings:
     """Parse unidist's own variables.
 
     Raises:
@@ -88,7 +88,7 @@ def read_settings(environ: Mapping[str, str] | None = None) -> Settings:
             hint="set it to e.g. 300, or unset it for the default.",
         )
     preload = env.get("UNIDIST_TESTING_PRELOAD")
-    return Settings(
+    return OwnSettings(
         adapter=env.get("UNIDIST_ADAPTER") or None,
         timeout=timeout,
         launcher=env.get(LAUNCHER_MARKER) or None,
@@ -137,7 +137,7 @@ def _float_or_text(raw: str) -> float | str:
 def progress_file(environ: Mapping[str, str] | None = None) -> str | None:
     """Where this rank keeps its progress record (``UNIDIST_PROGRESS``), if its launcher asked."""
     env = os.environ if environ is None else environ
-    return env.get(PROGRESS) or None
+    return env.get(HANG_PAGE) or None
 
 
 #: Variables whose values are credentials for object stores: never shown in a message.

@@ -20,9 +20,9 @@ touches ``os.environ`` (ruff's banned-API rule enforces it).
 from __future__ import annotations
 
 from unidist.environments.parse import (
+    HANG_PAGE,
     LAUNCHER_MARKER,
-    PROGRESS,
-    Settings,
+    OwnSettings,
     chosen,
     progress_file,
     read,
@@ -47,8 +47,8 @@ from unidist.environments.topology import EnvReading, Topology
 __all__ = [
     "EnvReading",
     "LAUNCHER_MARKER",
-    "PROGRESS",
-    "Settings",
+    "HANG_PAGE",
+    "OwnSettings",
     "Topology",
     "chosen",
     "environ_copy",

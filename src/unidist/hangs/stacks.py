@@ -304,17 +304,15 @@ with contextlib.suppress(Exception):  # not CPython: nudges never answer
 class _StackReader:
     """The Python stack of the thread that made it, read from another thread in one C call.
 
-    Three ways to read another thread's stack can each kill or hang a CPython 3.11 process,
-    and a rank of this suite died of the first two under load:
+    Three ways to read another thread's stack can each kill or hang a CPython 3.11 process:
 
     * walking ``f_back`` from Python, frame by frame, lets the owner run between two steps and
-      pop the frames being walked (cpython#111363; the sampling profilers of sentry-python,
-      #2386 and #6119, and ddtrace, #13567, crashed the same way): a rank of ``unidist smoke``
-      died so while importing Ignite;
+      pop the frames being walked (cpython#111363; the same crash in the sampling profilers of
+      sentry-python, #2386 and #6119, and ddtrace, #13567);
     * ``faulthandler.dump_traceback(all_threads=True)`` walks the interpreter's list of thread
       states without its lock, and CPython 3.11 puts a new state at the head of that list
       before it fills it in: gloo's threads make and free one for each collective they
-      finish, and the dump read one half made (SIGSEGV; tests/_base/test_workarounds.py under load);
+      finish, and the dump can read one half made (SIGSEGV);
     * ``sys._current_frames()`` holds that lock while it allocates, and a garbage collection
       that frees a thread-local inside it waits for the lock again (cpython#106883, a
       deadlock; not fixed in 3.11).
@@ -328,9 +326,9 @@ class _StackReader:
     The collector is off during that call, and on again at its end if it was on: CPython 3.11
     collects inside an allocation (``f_back`` allocates the frame objects it hands out, the
     walk its tuples), and a collection whose finalizers run Python code lets the owner run
-    mid-walk. A first version of this walk, which read ``f_code`` (an audit event's tuple per
-    frame) with the collector on, died so in tests/scripts/stack_churn.py within 0.4-2.5 s:
-    SIGSEGV in ``PyFrame_GetBack``, or a freed object handed out as a frame.
+    mid-walk. A walk that reads ``f_code`` (an audit event's tuple per frame) or leaves the
+    collector on lets the owner in: SIGSEGV in ``PyFrame_GetBack``, or a freed object handed out
+    as a frame.
     Reading the switch, turning it off, walking and turning it back on happen in that same
     call, so a script that turns the collector off or on meanwhile is never overruled.
     A look costs about 11 us (40 frames deep) where faulthandler's dump cost 0.33 ms.

@@ -1,7 +1,8 @@
 """From what each rank's record says to one line that names the hang, and when to call it one.
 
 Pure functions of the ranks' facts (no processes, no clocks of their own), shared by
-``unidist launch`` and :func:`unidist.testing.run_distributed`, so both say the same thing.
+``unidist launch`` and :func:`unidist.testing.run_distributed`, so both say the same thing; and
+:func:`stopped`, the one fact both read from ``/proc``.
 
 **When.** A job makes progress when any rank issues a collective (on any process group), counts
 a step, or moves in its own code (the main thread's innermost frame changes while it is in user
@@ -21,21 +22,34 @@ behind; equal numbers with different collectives mean the ranks diverged.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from unidist.hangs.page import Snapshot, State
 
-__all__ = ["Deadline", "RankFacts", "Straggler", "stragglers", "verdict"]
+__all__ = ["Deadline", "RankFacts", "Straggler", "stopped", "stragglers", "verdict"]
 
 #: The default rule's numbers (see the module docstring).
 FACTOR = 10.0
 FLOOR = 120.0
 WARM_UP = 600.0
 WARM_UP_FLOOR = 300.0
+
+
+_UNSEEN = object()
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T: SIGSTOP, SIGTSTP) or by a tracer (t), as
+    ``/proc`` says; False when it cannot be read."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    return False
 
 
 class Deadline:
@@ -50,10 +64,20 @@ class Deadline:
         self.started = started
         self.last = started  # the last progress
         self.longest = 0.0  # the longest silence between two progresses so far
+        self._token: Hashable = _UNSEEN  # what the last look found (see observe)
 
     def progress(self, now: float) -> None:
         self.longest = max(self.longest, now - self.last)
         self.last = now
+
+    def observe(self, token: Hashable, now: float) -> bool:
+        """A look found the ranks in ``token`` (anything that changes when they move): True,
+        and progress counted, when it differs from the last look's (the first look sets it)."""
+        moved = self._token is not _UNSEEN and token != self._token
+        if moved:
+            self.progress(now)
+        self._token = token
+        return moved
 
     def timeout(self, now: float) -> float:
         """The silence that counts as a hang now (0: never)."""

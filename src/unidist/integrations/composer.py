@@ -150,8 +150,12 @@ def to_composer_parallelism(config: ParallelismConfig, model: torch.nn.Module | 
             replicate_degree > 1 (its Trainer builds a 1-D FSDP2 mesh), or ``wrap`` without the
             model.
     """
-    from composer.utils import FSDP2Config, FSDPConfig, TPConfig
-    from composer.utils import ParallelismConfig as ComposerParallelism
+    from composer.utils import (
+        FSDP2Config,
+        FSDPConfig,
+        ParallelismConfig as ComposerParallelism,
+        TPConfig,
+    )
 
     config.validate(model=model)
     if config.strategy == "ddp":

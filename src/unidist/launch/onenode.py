@@ -10,8 +10,8 @@ handler hosts one ``TCPStore`` on a port the system picks, and answers every rou
 It is registered with torch's public handler registry under :data:`BACKEND` and reached through
 ``LaunchConfig(rdzv_backend=BACKEND)``, like any other backend. Each round gets its own key
 prefix; the ranks share this store (``TORCHELASTIC_USE_AGENT_STORE``), or, where restarts are
-possible (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see ``launch.runner``), rank 0 hosts a fresh
-one per round on a port published through this store, as torch's own handlers do.
+possible (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, see ``launch.supervise.runner``), rank 0
+hosts a fresh one per round on a port published through this store, as torch's own handlers do.
 """
 
 from __future__ import annotations

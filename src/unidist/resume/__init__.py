@@ -22,57 +22,45 @@ docs/guides/elastic.md for what the arithmetic can and cannot keep bit-identical
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
-import json
 import logging
 import os
-import random
-import re
 import signal
-import sys
-import threading
 import time
-import warnings
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import numpy as np
 import torch
 
 from unidist import ranks
-from unidist._base import workarounds as _workarounds
 from unidist._base.checks import check_flag, check_int
 from unidist.collectives import all_reduce
 from unidist.collectives.sync import barrier
 from unidist.environments import variables as _env
 from unidist.errors import CheckpointError, ConfigurationError, DistributedTimeoutError
-from unidist.hangs import stacks as progress
-from unidist.resume import _folder as files
-from unidist.resume import _manifest as records
-from unidist.resume import _storage as store
+from unidist.hangs import stacks
+from unidist.resume import (
+    _at_exit,
+    _dcp,
+    _folder as files,
+    _inputs,
+    _manifest as records,
+    _random,
+    _storage as store,
+)
 from unidist.resume._handle import Dir
 from unidist.resume._lock import RunLock
 from unidist.resume._remote import Url, is_url, redact, secrets_of
 from unidist.resume._staged import Staged
 from unidist.resume._stopping import StopSignals, StopVote, default_stop_signals
 from unidist.resume._storage import Folder
-from unidist.samplers import DistributedSampler
 
 __all__ = ["ResumableState"]
 
 log = logging.getLogger("unidist.resume")
-
-#: The states of this process with a save on its way to counting, awaited at the
-#: interpreter's exit (held strongly: a state only the script's function held must still be).
-_in_flight: set[ResumableState] = set()
-_exit_hook: list[bool] = []  # registered once
-if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's saves to await
-    os.register_at_fork(after_in_child=_in_flight.clear)
 
 
 class ResumableState:
@@ -173,7 +161,7 @@ class ResumableState:
         self.job = job
         self.model = model
         self.optimizer = optimizer
-        self.stateful = _check_stateful(stateful)
+        self.stateful = _inputs.check_stateful(stateful)
         self.loader = loader
         self.save_every = (
             None if save_every is None else check_int(save_every, "save_every", minimum=1)
@@ -304,7 +292,7 @@ class ResumableState:
 
     def _shut(self) -> None:
         """Let go of the lock and the folder's handle (reopened by the next use)."""
-        _in_flight.discard(self)
+        _at_exit.forget(self)
         try:
             self._finish_staged()
             self._commit.join()
@@ -372,14 +360,16 @@ class ResumableState:
                 raise CheckpointError(
                     f'{path}: field "loader" does not fit the loader: {exc!r:.400}'
                 ) from exc
-        self.epoch = _epoch_of(data, epoch, path)
+        self.epoch = _inputs.epoch_of(data, epoch, path)
         self._steps = step
         self.extra = dict(extra)
         if same_world and rng is not None:
-            _set_random(_random_from_tensors(rng), where / f"rng.r{rank} (in torch's files)")
+            _random.set_random(
+                _random.random_from_tensors(rng), where / f"rng.r{rank} (in torch's files)"
+            )
         elif same_world:
             name = files.rng_name(rank)
-            _set_random(files.read_record(folder, name, "random state"), where / name)
+            _random.set_random(files.read_record(folder, name, "random state"), where / name)
         else:  # rank r of another world size has no counterpart to take its random state from
             log.info(
                 "random states not restored: saved on %s ranks, now %s",
@@ -412,9 +402,9 @@ class ResumableState:
         where = folder.path
         state = self._model_state()
         if rng_rank is not None:
-            state["rng"] = {f"r{rng_rank}": _rng_slots(folder, rng_rank)}
+            state["rng"] = {f"r{rng_rank}": _random.rng_slots(folder, rng_rank)}
         try:
-            with _quiet_checkpoint(ranks.get_world_size()):
+            with _dcp.quiet_checkpoint(ranks.get_world_size()):
                 # Through the checked handle: torch reopens nothing by the folder's path.
                 dcp.load(state, storage_reader=folder.reader())
         except (Exception, CheckpointException) as exc:  # torch's is a BaseException
@@ -479,7 +469,7 @@ class ResumableState:
         position). :meth:`epochs` calls it; a framework's loop (an Ignite ``Engine``) too."""
         if self._restored is None:
             self.restore()
-        _set_epoch(self.loader, self.epoch)
+        _inputs.set_epoch(self.loader, self.epoch)
 
     def end_epoch(self) -> None:
         """The epoch is done, on every rank (a collective): count it, and stop now if any rank
@@ -500,7 +490,7 @@ class ResumableState:
         if self._restored is None:
             self.restore()
         self._steps += 1
-        progress.step()
+        stacks.step()
         stop = self._vote.cast(self._steps, self._stops.received) if self._stops.signums else 0
         if stop:
             self._stop(stop)
@@ -649,31 +639,33 @@ class ResumableState:
             "extra": self.extra,
             "stateful": sorted(self.stateful),
         }
-        _check_json(progress)
+        _inputs.check_json(progress)
         self._await_saves()  # the last save is written, and counts, before this one begins
         started = time.monotonic()
         # Every rank makes or opens the step's folder: no stale one can be there (restore()
         # removed those newer than the checkpoint in force), and a save of this step that
         # failed in this run left files of the same names, which this one overwrites.
-        with self._root.open_or_make_dir(files.step_name(self._steps)) as folder:
+        with self._root.open_dir(files.step_name(self._steps), create=True) as folder:
             if self._in_torch:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.api import CheckpointException
 
                 state = self._model_state()
-                state["rng"] = {f"r{rank}": _rng_tensors()}  # each rank's own, in torch's files
+                state["rng"] = {
+                    f"r{rank}": _random.rng_tensors()
+                }  # each rank's own, in torch's files
                 try:
-                    with _quiet_checkpoint(world):
+                    with _dcp.quiet_checkpoint(world):
                         if self.async_save:
                             handle = folder.dup()  # open until written
                             future = dcp.async_save(
                                 state,
-                                storage_writer=_progress_writer(handle.writer()),
+                                storage_writer=_dcp.progress_writer(handle.writer()),
                                 process_group=self._save_group,
                             )
                             self._staged = Staged(future, handle, started, self._redacted)
                         else:
-                            dcp.save(state, storage_writer=_progress_writer(folder.writer()))
+                            dcp.save(state, storage_writer=_dcp.progress_writer(folder.writer()))
                 except CheckpointException as exc:  # a BaseException: user code would miss it
                     raise CheckpointError(
                         f"saving {where} failed on rank(s) {sorted(exc.failures)}: "
@@ -681,7 +673,9 @@ class ResumableState:
                         "checkpoint in force is still the one latest.json names."
                     ) from exc
             else:
-                files.write_record(folder, files.rng_name(rank), _random_state(), compact=True)
+                files.write_record(
+                    folder, files.rng_name(rank), _random.random_state(), compact=True
+                )
                 barrier(self.timeout)  # every rank's part is on disk
             if rank == 0:  # the rest is rank 0's, on a thread: see files.Commit
                 latest = {"job": self.job, "step": self._steps, "folder": where.name}
@@ -693,13 +687,13 @@ class ResumableState:
                     latest,
                     self.keep,
                     self._staged,
-                    then=functools.partial(_in_flight.discard, self),
+                    then=functools.partial(_at_exit.forget, self),
                 )
-                _await_at_exit(self)  # until its commit has counted
+                _at_exit.await_at_exit(self)  # until its commit has counted
             elif self._staged is not None:
-                _await_at_exit(self)  # until its save is written
+                _at_exit.await_at_exit(self)  # until its save is written
                 self._staged.future.add_done_callback(
-                    functools.partial(_written, self, self._staged)
+                    functools.partial(_at_exit.written, self, self._staged)
                 )
         self._counted_before, self._in_force = self._in_force, self._steps
         log.info("saved %s", where)
@@ -744,276 +738,3 @@ class ResumableState:
         traceback: TracebackType | None,
     ) -> None:
         self.close()
-
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
-
-
-def _written(state: ResumableState, staged: Staged, future: Any) -> None:
-    """``state``'s save in flight ended: nothing to await at exit unless it failed."""
-    if not future.cancelled() and future.exception() is None and state._staged in (staged, None):
-        _in_flight.discard(state)
-
-
-def _await_at_exit(state: ResumableState) -> None:
-    """Await ``state``'s save in flight when the main thread ends, unless it ends well before
-    (it is then forgotten here: a state the script dropped is not kept alive)."""
-    _in_flight.add(state)
-    if _exit_hook:
-        return
-    with contextlib.suppress(AttributeError, RuntimeError):  # not CPython, or exiting already
-        # threading's exit hooks run once the main thread has returned, before the atexit
-        # handlers (torch's process groups are still there for the save's collectives).
-        threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
-        _exit_hook.append(True)
-
-
-def _at_exit() -> None:
-    """The script ended with saves in flight: wait for them. One that failed is said on stderr
-    (the script never learnt of it), and the process exits 1 once the exit handlers ran."""
-    failed = []
-    for state in list(_in_flight):
-        try:
-            state._finish_staged()
-            state._commit.join()
-        except CheckpointError as exc:
-            kept = "none" if state._counted_before is None else f"step {state._counted_before}"
-            failed.append(
-                f"unidist: the last save of job {state.job!r} (step {state._in_force}) failed "
-                f"after the script returned, so {kept} stays the checkpoint in force in "
-                f"{state.root}: {exc} This process exits with status 1.\n"
-            )
-        except BaseException as exc:  # an exit hook must not raise
-            failed.append(f"unidist: waiting for the last save failed: {exc!r:.300}\n")
-    _in_flight.clear()
-    if not failed:
-        return
-    with contextlib.suppress(Exception):
-        sys.stderr.write("".join(failed))
-        sys.stderr.flush()
-    # What the interpreter's exit would still do (join the other threads, run the exit
-    # handlers, flush the streams), then the status that says the save failed.
-    here = (threading.current_thread(), threading.main_thread())
-    for thread in threading.enumerate():
-        if not thread.daemon and thread not in here:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(1)
-
-
-def _progress_writer(writer: Any) -> Any:
-    """torch's checkpoint writer, whose writes count as this rank's progress for the hang
-    watch: a save that writes is not a hang, however long it takes."""
-    return _workarounds.count_checkpoint_writes(writer, progress.moved)
-
-
-def _check_stateful(stateful: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``stateful=`` objects by name, each with ``state_dict()``/``load_state_dict()``."""
-    if stateful is None:
-        return {}
-    if not isinstance(stateful, Mapping):
-        raise ConfigurationError(
-            f"stateful={type(stateful).__name__}: expected a dict of name -> object, e.g. "
-            "stateful={'scheduler': scheduler, 'scaler': scaler}."
-        )
-    for name, obj in stateful.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ConfigurationError(
-                f"stateful name {name!r}: names are letters, digits, '_' and '-' (64 at most, "
-                "not starting with a digit), since torch's checkpoint keys are built from "
-                "them. HINT: stateful={'scheduler': ...}."
-            )
-        if not (
-            callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None))
-        ):
-            raise ConfigurationError(
-                f"stateful[{name!r}] is a {type(obj).__name__}, which has no "
-                "state_dict()/load_state_dict(). HINT: pass objects such as LR schedulers, "
-                "GradScaler, torchmetrics metrics, or wrap yours in a class with both methods."
-            )
-    return dict(stateful)
-
-
-def _check_json(progress: dict[str, Any]) -> None:
-    try:
-        json.dumps(progress)
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(
-            f"ResumableState saves the loader's state_dict() and state.extra as JSON, and "
-            f"one of them cannot be ({exc}). HINT: keep state.extra to numbers, strings, lists "
-            "and dicts."
-        ) from exc
-
-
-def _epoch_of(data: Any, epoch: int, where: Path) -> int:
-    """The epoch to go on with: the data position's own when it is a unidist sampler's."""
-    sampler = data.get("sampler", data) if isinstance(data, Mapping) else None
-    if isinstance(sampler, Mapping) and DistributedSampler.saved_epoch(sampler) is not None:
-        return records.count(sampler, "epoch", where, label="loader.sampler.epoch")
-    return epoch
-
-
-def _set_epoch(loader: Any, epoch: int) -> None:
-    for candidate in (loader, getattr(loader, "sampler", None)):
-        set_epoch = getattr(candidate, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
-            return
-
-
-@contextlib.contextmanager
-def _quiet_checkpoint(world: int) -> Iterator[None]:
-    """Without two warnings torch's distributed checkpoint raises inside itself, about nothing
-    the user can change (each filter matches one message, raised in that package only):
-
-    * "TypedStorage is deprecated", once per process at its first save: torch 2.7's writer
-      (``filesystem.py``) calls ``tensor.storage()`` (pytorch#148498). torch 2.14's calls
-      ``untyped_storage()``: there the filter has nothing to hide.
-    * "torch.distributed is ... uninitialized, assuming the intent is to save (load) in a single
-      process", at every save and load of a one-process run (torch 2.7 and 2.14 alike, even
-      with ``no_dist=True``). Hidden only when the world is one process, which unidist knows:
-      with more, the barrier before the save has already checked the process group.
-    """
-    with warnings.catch_warnings():
-        package = r"torch\.distributed\.checkpoint\."
-        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning, module=package)
-        if world == 1:
-            warnings.filterwarnings(
-                "ignore", r"torch\.distributed is .*single process", UserWarning, module=package
-            )
-        yield
-
-
-def _random_state() -> dict[str, Any]:
-    version, keys, gauss = random.getstate()
-    name, table, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "python": [version, list(keys), gauss],
-        "numpy": [name, np.asarray(table).tolist(), pos, has_gauss, cached],
-        "torch": torch.get_rng_state().tolist(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-#: The random states of one rank as tensors in torch's checkpoint: name -> dtype.
-_RNG_SLOTS = {
-    "python": torch.int64,  # random.getstate()'s 625 words
-    "numpy": torch.int64,  # the legacy MT19937 table's 624 words
-    "ints": torch.int64,  # numpy's position and has_gauss, whether python has a gauss
-    "floats": torch.float64,  # python's gauss, numpy's cached gaussian
-    "torch": torch.uint8,  # torch.get_rng_state()
-    "cuda": torch.uint8,  # torch.cuda.get_rng_state_all(), one row per device (optional)
-}
-
-
-_RNG_SIZES = {"python": 625, "numpy": 624, "ints": 3, "floats": 2}
-
-
-def _rng_tensors() -> dict[str, torch.Tensor]:
-    """This rank's random states as tensors, saved in torch's files (no file of their own)."""
-    _, keys, gauss = random.getstate()
-    _, table, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state = {
-        "python": torch.tensor(keys, dtype=torch.int64),
-        "numpy": torch.from_numpy(np.asarray(table, dtype=np.int64)),
-        "ints": torch.tensor([pos, has_gauss, gauss is not None], dtype=torch.int64),
-        "floats": torch.tensor([gauss or 0.0, cached], dtype=torch.float64),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
-    return state
-
-
-def _rng_slots(folder: Folder, rank: int) -> dict[str, torch.Tensor]:
-    """Empty tensors of the shapes rank ``rank``'s random states were saved with."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    where = folder.path / ".metadata"
-    try:
-        found = folder.reader().read_metadata().state_dict_metadata
-    except Exception as exc:
-        raise CheckpointError(f"{where} cannot be read: {redact(repr(exc))[:300]}") from exc
-    prefix = f"rng.r{rank}."
-    slots: dict[str, torch.Tensor] = {}
-    for key, meta in found.items():
-        name = key[len(prefix) :] if key.startswith(prefix) else None
-        if name is None:
-            continue
-        if name not in _RNG_SLOTS or not isinstance(meta, TensorStorageMetadata):
-            raise CheckpointError(f"{where}: {key!r} is not one of unidist's random states.")
-        size = _RNG_SIZES.get(name)
-        if (
-            meta.properties.dtype != _RNG_SLOTS[name]
-            or meta.size.numel() > 1 << 24
-            or (size is not None and list(meta.size) != [size])
-        ):
-            raise CheckpointError(
-                f"{where}: {key!r} is {meta.properties.dtype}{list(meta.size)}, not the random "
-                "state unidist saves: the checkpoint is damaged or not unidist's."
-            )
-        slots[name] = torch.empty(meta.size, dtype=_RNG_SLOTS[name])
-    missing = sorted(set(_RNG_SLOTS) - {"cuda"} - set(slots))
-    if missing:
-        raise CheckpointError(
-            f"{where} holds no random state {', '.join(missing)} of rank {rank}: the checkpoint "
-            "is damaged. HINT: delete latest.json to fall back to starting afresh."
-        )
-    return slots
-
-
-def _random_from_tensors(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """Tensors of :func:`_rng_tensors` as the JSON form :func:`_set_random` checks and sets."""
-    pos, has_gauss, with_gauss = state["ints"].tolist()
-    gauss, cached = state["floats"].tolist()
-    value: dict[str, Any] = {
-        "python": [3, state["python"].tolist(), gauss if with_gauss else None],
-        "numpy": ["MT19937", state["numpy"].tolist(), pos, has_gauss, cached],
-        "torch": state["torch"].tolist(),
-    }
-    if "cuda" in state:
-        value["cuda"] = state["cuda"].tolist()
-    return value
-
-
-def _set_random(state: Mapping[str, Any], where: Path) -> None:
-    """Put back one rank's random states, each field checked before any is set."""
-    version, keys, gauss = records.pair(state.get("python"), where, "python", 3)
-    if version != 3:
-        raise CheckpointError(f'{where}: field "python" is of version {version!r:.40}, not 3.')
-    keys = records.ints(keys, where, "python[1]", length=625, low=0, high=2**32 - 1)
-    gauss = records.number(gauss, where, "python[2]", optional=True)
-    name, table, pos, has_gauss, cached = records.pair(state.get("numpy"), where, "numpy", 5)
-    if name != "MT19937":
-        raise CheckpointError(f'{where}: field "numpy" is of generator {name!r:.40}, not MT19937.')
-    table = records.ints(table, where, "numpy[1]", length=624, low=0, high=2**32 - 1)
-    pos = records.ints([pos], where, "numpy[2]", length=1, low=0, high=624)[0]
-    has_gauss = records.ints([has_gauss], where, "numpy[3]", length=1, low=0, high=1)[0]
-    cached = records.number(cached, where, "numpy[4]", optional=False) or 0.0
-    size = torch.get_rng_state().numel()
-    cpu = records.ints(state.get("torch"), where, "torch", length=size, low=0, high=255)
-    cuda = state.get("cuda")
-    devices: list[list[int]] = []
-    if cuda is not None and torch.cuda.is_available():
-        if not isinstance(cuda, list):
-            raise CheckpointError(f'{where}: field "cuda" is not a list of random states.')
-        devices = [
-            records.ints(s, where, f"cuda[{i}]", length=None, low=0, high=255)
-            for i, s in enumerate(cuda)
-        ]
-    try:
-        random.setstate((3, tuple(keys), gauss))
-        np.random.set_state((name, np.array(table, dtype=np.uint32), pos, has_gauss, cached))
-        torch.set_rng_state(torch.tensor(cpu, dtype=torch.uint8))
-        if devices:
-            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in devices])
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointError(
-            f"{where}: a saved random state cannot be restored: {exc!r:.300}"
-        ) from exc

@@ -118,7 +118,7 @@ def prune(root: Folder, keep: int, newest: str) -> None:
         with contextlib.suppress(OSError):
             with root.open_dir(name) as folder:  # no longer complete from its first removal
                 if folder.exists(PROGRESS):
-                    folder.unlink(PROGRESS)
+                    folder.remove(PROGRESS)
             root.remove(name)
 
 
@@ -129,7 +129,7 @@ class Commit:
     gathered every rank's result), what remains is rank 0's: the files made private, the
     progress record, the step folder's names made durable, the pointer replaced (the moment the
     checkpoint counts) and old checkpoints removed. A crash before the pointer leaves the
-    previous checkpoint in force, as a crash mid-save always did. Whoever needs the pointer
+    previous checkpoint in force, as any crash mid-save does. Whoever needs the pointer
     waits: ``save()`` until it counts (:meth:`wait_counted`), the next save, a stop,
     ``close()`` and a restore in this process for the whole commit (:meth:`join`); a failure
     is raised there. The thread is not a daemon: a script that ends right after a save still
@@ -183,8 +183,8 @@ class Commit:
                 if after is not None:
                     after.wait()  # every rank's files are written when rank 0's future is done
                 folder.seal()
-                write_record(folder, PROGRESS, progress, sync_folder=False)
-                folder.sync()  # the names of every file of the step, progress.json's too
+                # Synced with the folder: the names of every file of the step, progress.json's too.
+                write_record(folder, PROGRESS, progress)
             write_record(root, LATEST, latest)
         except BaseException as exc:  # raised by join(), in the training thread
             self._error = exc

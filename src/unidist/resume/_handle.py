@@ -136,9 +136,13 @@ class Dir:
             raise
         return cls(fd, path)
 
-    def open_dir(self, name: str) -> Dir:
-        """A checked folder inside this one."""
+    def open_dir(self, name: str, *, create: bool = False) -> Dir:
+        """A checked folder inside this one (``create``: a private one, made unless it is
+        there)."""
         where = self.path / name
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o700, dir_fd=self.fd)
         try:
             fd = os.open(name, _DIR, dir_fd=self.fd)
         except FileNotFoundError:
@@ -151,12 +155,6 @@ class Dir:
             os.close(fd)
             raise
         return Dir(fd, where)
-
-    def open_or_make_dir(self, name: str) -> Dir:
-        """A private folder inside this one, made unless it is there (checked either way)."""
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o700, dir_fd=self.fd)
-        return self.open_dir(name)
 
     # -- what torch reads and writes -----------------------------------------------------------
 
@@ -188,10 +186,6 @@ class Dir:
     def dup(self) -> Dir:
         """A second handle of this folder, for a thread that outlives this one's ``with``."""
         return Dir(os.dup(self.fd), self.path)
-
-    @property
-    def local(self) -> bool:
-        return True
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -286,9 +280,6 @@ class Dir:
                     os.fchmod(fd, 0o600)
                 finally:
                     os.close(fd)
-
-    def unlink(self, name: str) -> None:
-        os.unlink(name, dir_fd=self.fd)
 
     def remove(self, name: str) -> None:
         """Remove ``name`` (a folder with everything in it, or a file), never following links."""

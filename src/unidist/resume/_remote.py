@@ -244,10 +244,6 @@ class Remote:
     def key(self) -> tuple[str, str]:
         return ("remote", self.bucket_path)
 
-    @property
-    def local(self) -> bool:
-        return False
-
     def exists(self, name: str) -> bool:
         return bool(self._call(f"looking for {name}", "exists", self._full(name)))
 
@@ -279,9 +275,6 @@ class Remote:
         except FileNotFoundError as exc:
             raise self._error(f"writing {name}", exc) from None
 
-    def sync(self) -> None:
-        """Nothing to do: a PUT is durable when it returns."""
-
     def entries(self) -> list[str]:
         try:
             found = self._call("listing", "ls", self.bucket_path, detail=False, refresh=True)
@@ -289,23 +282,18 @@ class Remote:
             return []
         return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in found})
 
-    def open_dir(self, name: str) -> Remote:
+    def open_dir(self, name: str, *, create: bool = False) -> Remote:
+        """The prefix ``name`` inside this one (``create`` changes nothing: prefixes need no
+        making)."""
         return Remote(
             self.fs, self._full(name), self.path / name, self.options, self._secrets, self.timeout
         )
-
-    def open_or_make_dir(self, name: str) -> Remote:
-        return self.open_dir(name)  # prefixes need no making
 
     def check_tree(self) -> None:
         """Nothing to check: an object store has no owners, modes or links (see the module)."""
 
     def seal(self) -> None:
         """Nothing to do: access is the bucket's policy."""
-
-    def unlink(self, name: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._call(f"removing {name}", "rm_file", self._full(name))
 
     def remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -103,7 +103,7 @@ class StopSignals:
 class StopVote:
     """Whether any rank got a stop signal: a two-integer MAX all-reduce, now and then.
 
-    Asking at every step cost a small step 7 % (a gloo all-reduce is hundreds of microseconds
+    Asking at every step would cost a small step 7 % (a gloo all-reduce is hundreds of microseconds
     of CPU), so the ranks ask about twice a second (:data:`PERIOD`): each vote carries the flag
     and how many steps each rank proposes until the next vote (``PERIOD`` over its measured
     step time; the smallest proposal wins), so every rank knows at which step the next vote

@@ -14,7 +14,21 @@ from unidist.resume._remote import Remote, is_url
 
 
 class Folder(Protocol):
-    """The operations :mod:`unidist.resume._folder` and :class:`unidist.ResumableState` use."""
+    """The checkpoint folder as :mod:`unidist.resume._folder` and :class:`unidist.ResumableState`
+    use it, one job per member:
+
+    * naming it in messages and telling two handles of one folder apart: :attr:`path`,
+      :attr:`key`;
+    * unidist's own small records (``latest.json``, ``progress.json``, the random states, read
+      as untrusted input): :meth:`exists`, :meth:`read`, :meth:`write`;
+    * the steps: :meth:`entries`, :meth:`open_dir` (``create=True`` for a new step),
+      :meth:`remove` (a step, or one file);
+    * trust: :meth:`check_tree` (every file this user's alone, before a load), :meth:`seal`
+      (after torch wrote a step with the umask);
+    * torch's checkpoint: :meth:`writer`, :meth:`reader` (reaching the folder through this
+      handle, never by its path again);
+    * the handle itself: :meth:`dup` (for a thread that outlives a ``with``), :meth:`close`.
+    """
 
     @property
     def path(self) -> Any: ...  # what messages show: a Path, or a redacted URL
@@ -22,30 +36,21 @@ class Folder(Protocol):
     @property
     def key(self) -> Hashable: ...  # which folder: the same for every handle of it
 
-    @property
-    def local(self) -> bool: ...
-
     def exists(self, name: str) -> bool: ...
 
     def read(self, name: str, *, limit: int, what: str) -> bytes: ...
 
     def write(self, name: str, data: bytes, *, sync_folder: bool = True) -> None: ...
 
-    def sync(self) -> None: ...
-
     def entries(self) -> list[str]: ...
 
-    def open_dir(self, name: str) -> Folder: ...
+    def open_dir(self, name: str, *, create: bool = False) -> Folder: ...
 
-    def open_or_make_dir(self, name: str) -> Folder: ...
+    def remove(self, name: str) -> None: ...
 
     def check_tree(self) -> None: ...
 
     def seal(self) -> None: ...
-
-    def unlink(self, name: str) -> None: ...
-
-    def remove(self, name: str) -> None: ...
 
     def writer(self) -> Any: ...
 

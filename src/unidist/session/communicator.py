@@ -60,7 +60,7 @@ Combine = Callable[[dict[int, Json]], Json]
 GLOO_DRAIN_SECONDS = 0.1
 
 
-class Session(transport.Session, Protocol):
+class CommunicatorView(transport.SessionView, Protocol):
     """What a communicator reads of the session it serves (:class:`unidist.session.state.Session`):
     what the transport reads, and more."""
 
@@ -256,7 +256,7 @@ class CollectiveCommunicator(Communicator):
 
     kind = "collectives"
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: CommunicatorView) -> None:
         self._session = session
 
     # The session's adapter at the time of the call: unidist.use() lends it another for a block.
@@ -309,7 +309,7 @@ class TorchCommunicator(CollectiveCommunicator):
 
     kind = "torch"
 
-    def __init__(self, session: Session, plane: ControlPlane | None) -> None:
+    def __init__(self, session: CommunicatorView, plane: ControlPlane | None) -> None:
         super().__init__(session)
         self.plane = plane  # None: one rank, or not started yet
 
@@ -379,7 +379,7 @@ class TorchCommunicator(CollectiveCommunicator):
         close_torch_groups(self._session)
 
 
-def close_torch_groups(session: Session) -> None:
+def close_torch_groups(session: CommunicatorView) -> None:
     """Before the adapter destroys the group, on torch < 2.8 (pytorch PR #154976).
 
     torch < 2.8's ``ProcessGroupGloo`` destructor joins its worker threads while holding the GIL
@@ -399,7 +399,7 @@ def close_torch_groups(session: Session) -> None:
         dist.destroy_process_group(session.control)
 
 
-def choose(session: Session, plane: ControlPlane | None = None) -> Communicator:
+def choose(session: CommunicatorView, plane: ControlPlane | None = None) -> Communicator:
     """The communicator of ``session`` (in ``initialize``: once the group exists, and again
     with the control store once it is started)."""
     if session.torch_backed:
@@ -425,11 +425,9 @@ def drain_gloo_at_exit() -> None:
     (SIGABRT after its work is done: the launcher reports the job failed). This registers, once,
     with the first torch-backed session, an exit handler that releases the GIL for
     :data:`GLOO_DRAIN_SECONDS`. Registered at ``initialize``, it runs after the exit handlers
-    the script registers later (which may still use the group). Measured with two-rank jobs
-    under plain torchrun on torch 2.14.1 beside two busy processes: a script ending right after
-    200 all-reduces aborted 18 of 20 without it, 0 of 30 with it; the DDP tutorial example 2 of
-    20 and 0 of 40. torch 2.7.0 has the abort too, rarely: the same script aborted 2 of 100
-    without it and 0 of 150 with it.
+    the script registers later (which may still use the group). Every torch release so far has
+    the abort (2.7.0 included, though more rarely than 2.14), so the handler is registered on
+    each.
     """
     global _drain_registered
     if _drain_registered or not GLOO_EXIT_ABORT.present():

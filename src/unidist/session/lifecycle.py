@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 
 from unidist._base.migration import foreign_keywords
 from unidist.adapters import registry
-from unidist.environments import places
-from unidist.environments import variables as _env
+from unidist.environments import places, variables as _env
 from unidist.errors import (
     ConfigurationError,
     NotInitializedError,
@@ -29,8 +28,7 @@ from unidist.errors import (
     UnidistError,
     translate_errors,
 )
-from unidist.session import communicator, listen, transport
-from unidist.session import state as _state
+from unidist.session import communicator, listen, state as _state, transport
 from unidist.session.control import ControlPlane
 from unidist.session.state import Session
 

@@ -52,10 +52,11 @@ class Primitives(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int, handle: Any) -> torch.Tensor: ...
 
 
-class Session(Protocol):
+class SessionView(Protocol):
     """What these functions read of a session (:class:`unidist.session.state.Session` has it).
 
-    A protocol, not an import: ``_comm`` sits below ``_state``, which holds the control plane.
+    A protocol, not an import: the transport sits below :mod:`unidist.session.state`, which
+    holds the control plane.
     """
 
     @property
@@ -72,7 +73,9 @@ class Session(Protocol):
 MAX_DIMS = 16
 
 
-def _staged(session: Session, tensor: torch.Tensor, *, on_control: bool = False) -> torch.Tensor:
+def _staged(
+    session: SessionView, tensor: torch.Tensor, *, on_control: bool = False
+) -> torch.Tensor:
     """``tensor`` as the backend takes it: contiguous, and on the GPU for nccl.
 
     The control group is gloo and takes CPU tensors, so control messages stay where they are.
@@ -121,7 +124,7 @@ def _check_dtype(tensor: torch.Tensor, op: str) -> None:
 
 
 def reduce_tensor(
-    session: Session, tensor: torch.Tensor, op: str, size: int, handle: Any
+    session: SessionView, tensor: torch.Tensor, op: str, size: int, handle: Any
 ) -> torch.Tensor:
     """Reduce ``tensor`` in place with ``op`` (a canonical name; ``mean`` is built on ``sum``)."""
     import torch
@@ -145,7 +148,7 @@ def reduce_tensor(
 
 
 def reduce_number(
-    session: Session, value: bool | int | float, op: str, size: int, handle: Any
+    session: SessionView, value: bool | int | float, op: str, size: int, handle: Any
 ) -> bool | int | float:
     """Reduce a Python number; the result has the same type (``mean`` gives a float)."""
     import torch
@@ -174,7 +177,7 @@ def reduce_number(
 
 
 def gather(
-    session: Session,
+    session: SessionView,
     tensor: torch.Tensor,
     size: int,
     handle: Any,
@@ -197,7 +200,7 @@ def gather(
 
 
 def gather_uneven(
-    session: Session,
+    session: SessionView,
     tensor: torch.Tensor,
     size: int,
     handle: Any,
@@ -235,7 +238,7 @@ def gather_uneven(
     return [t[: shape[0]] for t, shape in zip(gathered, shapes, strict=True)]
 
 
-def gather_object(session: Session, obj: T, size: int, control: Any) -> list[T]:
+def gather_object(session: SessionView, obj: T, size: int, control: Any) -> list[T]:
     """Any picklable object from every rank, over the control group, in rank order."""
     payload = _to_bytes(obj)  # also alone: an unpicklable object fails the same way everywhere
     if size == 1:
@@ -248,7 +251,7 @@ def gather_object(session: Session, obj: T, size: int, control: Any) -> list[T]:
 
 
 def broadcast_tensor(
-    session: Session, value: torch.Tensor, src: int, size: int, handle: Any
+    session: SessionView, value: torch.Tensor, src: int, size: int, handle: Any
 ) -> torch.Tensor:
     """Overwrite ``value`` with global rank ``src``'s, in place."""
     if size == 1:
@@ -262,7 +265,7 @@ def broadcast_tensor(
     return value
 
 
-def broadcast_object(session: Session, obj: T, src: int, size: int, control: Any) -> T:
+def broadcast_object(session: SessionView, obj: T, src: int, size: int, control: Any) -> T:
     """Global rank ``src``'s picklable object, over the control group."""
     is_src = session.topology.rank == src
     payload = _to_bytes(obj) if is_src else None  # also alone, so failures match everywhere
@@ -275,7 +278,7 @@ def broadcast_object(session: Session, obj: T, src: int, size: int, control: Any
 
 
 def broadcast_bytes(
-    session: Session, data: bytes | None, src: int, size: int, control: Any, what: str
+    session: SessionView, data: bytes | None, src: int, size: int, control: Any, what: str
 ) -> bytes:
     """Global rank ``src``'s bytes (``data`` there; ignored elsewhere), over the control group.
 

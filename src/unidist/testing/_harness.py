@@ -38,8 +38,8 @@ from typing import Any
 from unidist._base.checks import check_int, check_seconds
 from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
-from unidist.hangs import page as record
-from unidist.hangs import stacks as sampler
+from unidist.hangs import page, stacks
+from unidist.hangs.verdict import stopped
 from unidist.launch.leaving import leave_now
 from unidist.launch.rank.runtime import STACK_SIGNAL, default_start_method, die_with_parent
 
@@ -289,7 +289,7 @@ def _run_once(
                 "MASTER_PORT": str(port),
                 "UNIDIST_LAUNCHER": "testing",
                 "OMP_NUM_THREADS": "1",
-                _env.PROGRESS: str(record.path_for(Path(workdir), rank)),
+                _env.HANG_PAGE: str(page.path_for(Path(workdir), rank)),
             }
             merged: dict[str, str | None] = {**_env.environ_copy(), **launcher, **env}
             rank_env = {k: v for k, v in merged.items() if v is not None}
@@ -309,7 +309,7 @@ def _run_once(
             process = context.Process(target=_worker, args=(job,), name=f"unidist-rank{rank}")
             process.start()
             processes.append(process)
-        watch = _HangWatch(Path(workdir), world_size, hang_timeout)
+        watch = _PageWatch(Path(workdir), world_size, hang_timeout)
         unfinished = _wait(processes, timeout, watch)
         if unfinished:
             _dump_stacks([processes[r] for r in unfinished], watch)
@@ -321,8 +321,9 @@ def _run_once(
         os.close(caller_end)
 
 
-class _HangWatch:
-    """The ranks' progress records, read in the parent; when silence becomes a hang."""
+class _PageWatch:
+    """The ranks' pages, read in the parent; when silence becomes a hang (the rules are
+    :mod:`unidist.hangs.verdict`'s, as ``unidist launch``'s are)."""
 
     def __init__(self, folder: Path, world_size: int, hang_timeout: float) -> None:
         from unidist.hangs.verdict import Deadline
@@ -331,24 +332,19 @@ class _HangWatch:
         self.world_size = world_size
         self.deadline = Deadline(hang_timeout, time.monotonic())
         self.snapshots: dict[int, Any] = {}
-        self._token: Any = None
         self.called: tuple[str, list[Any], float] | None = None  # (verdict, facts, silence)
 
     def look(self, processes: list[multiprocessing.process.BaseProcess]) -> bool:
         """Read the records; True when nothing moved for the hang timeout."""
-        from unidist.hangs import page as record
 
         for rank in range(self.world_size):
-            snap = record.read(record.path_for(self.folder, rank))
+            snap = page.read(page.path_for(self.folder, rank))
             if snap is not None:
                 self.snapshots[rank] = snap
         gone = tuple(rank for rank, p in enumerate(processes) if p.exitcode is not None)
         token = (tuple((r, s.progress) for r, s in sorted(self.snapshots.items())), gone)
         now = time.monotonic()
-        if token != self._token:
-            if self._token is not None:
-                self.deadline.progress(now)
-            self._token = token
+        self.deadline.observe(token, now)
         return self.deadline.fixed != 0 and self.deadline.expired(now)
 
     def facts(self, processes: list[multiprocessing.process.BaseProcess]) -> list[Any]:
@@ -366,7 +362,7 @@ class _HangWatch:
                     host,
                     self.snapshots.get(rank),
                     exited=False if code is None else (128 - code if code < 0 else code),
-                    frozen=process.pid is not None and code is None and _frozen(process.pid),
+                    frozen=process.pid is not None and code is None and stopped(process.pid),
                     now_ns=now_ns,
                 )
             )
@@ -387,18 +383,12 @@ class _HangWatch:
         return verdict(self.facts(processes))
 
 
-def _frozen(pid: int) -> bool:
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    return False
-
-
 #: Seconds between two looks at the ranks' progress records.
 _LOOK = 0.25
 
 
 def _wait(
-    processes: list[multiprocessing.process.BaseProcess], timeout: float, watch: _HangWatch
+    processes: list[multiprocessing.process.BaseProcess], timeout: float, watch: _PageWatch
 ) -> list[int]:
     """Wait for every rank; after a failure give the rest a grace period; stop at a hang.
     Returns the unfinished ranks."""
@@ -422,12 +412,12 @@ def _wait(
 
 
 def _dump_stacks(
-    processes: list[multiprocessing.process.BaseProcess], watch: _HangWatch | None = None
+    processes: list[multiprocessing.process.BaseProcess], watch: _PageWatch | None = None
 ) -> None:
     for process in processes:
         if process.pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                if _frozen(process.pid):
+                if stopped(process.pid):
                     os.kill(process.pid, signal.SIGCONT)  # so that it can dump its stack
                 os.kill(process.pid, STACK_SIGNAL)  # faulthandler writes every thread's stack
     time.sleep(0.5)
@@ -449,7 +439,7 @@ def _collect(
     unfinished: list[int],
     timeout: float,
     world_size: int,
-    watch: _HangWatch | None = None,
+    watch: _PageWatch | None = None,
 ) -> list[Any]:
     outputs: dict[int, tuple[str, str]] = {}
     results: dict[int, Any] = {}
@@ -571,7 +561,7 @@ def _worker(job: _Job) -> None:
     _env.replace_all(job.env)
     progress = _env.progress_file()
     if progress:
-        sampler.start(progress)  # where this rank is, for the parent's hang report
+        stacks.start(progress)  # where this rank is, for the parent's hang report
     # The fork server passed its start method on; the rank's own DataLoader workers should start
     # the way they would in a normal script (fork on Linux), not as fresh interpreters.
     multiprocessing.set_start_method(default_start_method(), force=True)

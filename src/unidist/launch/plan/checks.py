@@ -42,7 +42,7 @@ __all__ = [
     "check_log_file",
     "check_log_folder",
     "check_numbers",
-    "check_seconds",
+    "check_option_seconds",
     "existing_problem",
     "unique",
 ]
@@ -77,7 +77,7 @@ _HOST_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 # -- numbers --------------------------------------------------------------------------------------
 
 
-def check_seconds(
+def check_option_seconds(
     value: float | None,
     option: str,
     *,
@@ -124,7 +124,7 @@ def hang_timeout(value: str | None, source: str) -> float | None:
             f"{source} {value!r} is neither 'auto' nor a number of seconds. HINT: e.g. "
             f"{source} 300, {source} 0 to turn hang detection off, or {source} auto."
         ) from None
-    check_seconds(seconds, source, zero="turns hang detection off", example="300")
+    check_option_seconds(seconds, source, zero="turns hang detection off", example="300")
     return seconds
 
 
@@ -147,7 +147,7 @@ def straggler_every(value: str | None) -> float | None:
             f"--straggler-report {value!r} is not 'end', 'off' or a number of minutes above 0. "
             "HINT: e.g. --straggler-report 10 (every 10 minutes and at the end)."
         )
-    check_seconds(minutes * 60, "--straggler-report (in seconds)", example="600")
+    check_option_seconds(minutes * 60, "--straggler-report (in seconds)", example="600")
     return minutes * 60
 
 
@@ -157,12 +157,12 @@ def check_numbers(args: argparse.Namespace) -> None:
     Raises:
         ConfigurationError: the option, its value, the range it must be in.
     """
-    check_seconds(args.timeout, "--timeout")
-    check_seconds(args.grace, "--grace", example="3")
-    check_seconds(args.shutdown_timeout, "--shutdown-timeout", example="3")
-    check_seconds(args.exit_timeout, "--exit-timeout", zero="waits for ever", example="600")
-    check_seconds(args.node_timeout, "--node-timeout", minimum=1, example="6")
-    check_seconds(
+    check_option_seconds(args.timeout, "--timeout")
+    check_option_seconds(args.grace, "--grace", example="3")
+    check_option_seconds(args.shutdown_timeout, "--shutdown-timeout", example="3")
+    check_option_seconds(args.exit_timeout, "--exit-timeout", zero="waits for ever", example="600")
+    check_option_seconds(args.node_timeout, "--node-timeout", minimum=1, example="6")
+    check_option_seconds(
         args.monitor_interval, "--monitor-interval", minimum=MIN_MONITOR_INTERVAL, example="0.1"
     )
     _count(args.max_restarts, "--max-restarts", 0, MAX_RESTARTS)

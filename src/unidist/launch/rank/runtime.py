@@ -113,9 +113,9 @@ def _record_progress() -> None:
 
     path = _env.progress_file()
     if path:
-        from unidist.hangs import stacks as sampler
+        from unidist.hangs import stacks
 
-        sampler.start(path)
+        stacks.start(path)
 
 
 def die_with_parent() -> None:
@@ -411,9 +411,9 @@ def record_error(exc: BaseException) -> None:
     A script's ``@record`` (torch's) may have written the file a moment before, with the same
     exception; this replaces it with the same content plus unidist's classification.
     """
-    from unidist.hangs import stacks as sampler
+    from unidist.hangs import stacks
 
-    sampler.failed(exc)
+    stacks.failed(exc)
     records.write_error(
         _identity(), exc, classify(exc), "".join(traceback.format_exception(exc))[-6000:]
     )
@@ -421,9 +421,9 @@ def record_error(exc: BaseException) -> None:
 
 def record_done() -> None:
     """Record that this rank finished normally."""
-    from unidist.hangs import stacks as sampler
+    from unidist.hangs import stacks
 
-    sampler.finish()
+    stacks.finish()
     _write("done", {})
     records.release()
     records.await_leave()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from unidist.launch.supervise.relay import Failure
+    from unidist.launch.supervise.notices import Failure
 
 __all__ = ["Culprit", "Event", "Exited", "Finish", "Forward", "HangFlag", "Tick"]
 

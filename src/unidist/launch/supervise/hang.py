@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from unidist.hangs import page as record
+from unidist.hangs import page
 from unidist.hangs.page import Snapshot, State
 from unidist.hangs.verdict import Deadline, RankFacts, Straggler, stragglers, verdict
 from unidist.launch.printing import escaped, shown
@@ -166,7 +166,7 @@ class HangWatch:
         self.clock = clock
         self.deadline = Deadline(fixed, clock())
         self._start = -1
-        self._token: Any = None
+        self._own: Any = None  # this node's part of the last look's token
         self.snapshots: dict[int, Snapshot] = {}
         self._moves = 0  # looks that found this node's ranks moved (for the relay)
         self.called: HangReport | None = None
@@ -177,7 +177,7 @@ class HangWatch:
         return self.fixed != 0
 
     def path(self, start: int, rank: int) -> Path:
-        return record.path_for(self.events, rank, start)
+        return page.path_for(self.events, rank, start)
 
     def look(self, start: Start, seen: Observed, elsewhere: int = 0) -> bool:
         """Read this node's records; True when the silence has become a hang.
@@ -186,23 +186,20 @@ class HangWatch:
         """
         now = self.clock()
         if start.index != self._start:  # a restart: a new job, as far as progress goes
-            self._start, self._token, self.snapshots = start.index, None, {}
+            self._start, self._own, self.snapshots = start.index, None, {}
             self.deadline = Deadline(self.fixed, now)
             self.called = None
         for slot in start.slots.values():
-            snap = record.read(self.path(start.index, slot.rank))
+            snap = page.read(self.path(start.index, slot.rank))
             if snap is not None:
                 self.snapshots[slot.rank] = snap
         gone = tuple(sorted(rank for rank, w in seen.ranks.items() if w.gone))
         own = (tuple((rank, s.progress) for rank, s in sorted(self.snapshots.items())), gone)
-        token = (own, elsewhere)
-        if token != self._token:
-            if self._token is not None:
-                self.deadline.progress(now)
-                # Only this node's own moves go to the relay's count: counting the others'
-                # (which that count holds) would make two waiting nodes move each other.
-                self._moves += own != self._token[0]
-            self._token = token
+        # Only this node's own moves go to the relay's count: counting the others' (which
+        # that count holds) would make two waiting nodes move each other.
+        if self.deadline.observe((own, elsewhere), now):
+            self._moves += own != self._own
+        self._own = own
         if not self.enabled or self.called is not None:
             return False
         every_rank_done = start.slots and all(
@@ -215,7 +212,7 @@ class HangWatch:
     def refresh(self, start: Start) -> None:
         """Read this node's records again (their last word, once the ranks have ended)."""
         for slot in start.slots.values():
-            snap = record.read(self.path(start.index, slot.rank))
+            snap = page.read(self.path(start.index, slot.rank))
             if snap is not None:
                 self.snapshots[slot.rank] = snap
 
@@ -233,12 +230,12 @@ class HangWatch:
         (the stack signal, which faulthandler answers: the rank's bootstrap registers it)."""
         asked = {}
         for rank in procs:
-            asked[rank] = record.ask_for_stacks(self.path(start.index, rank))
+            asked[rank] = page.ask_for_stacks(self.path(start.index, rank))
         deadline = time.monotonic() + DUMP_WAIT
         waiting = dict(asked)
         while waiting and time.monotonic() < deadline:
             for rank, number in list(waiting.items()):
-                snap = record.read(self.path(start.index, rank))
+                snap = page.read(self.path(start.index, rank))
                 if snap is not None and snap.answered >= number:
                     del waiting[rank]
             if waiting:

@@ -22,7 +22,8 @@ class Status(str, enum.Enum):
     RAISED = "raised"
     #: Exited with a non-zero code or a signal, without a Python exception.
     CRASHED = "crashed"
-    #: Made no progress for --hang-timeout seconds; killed by the launcher.
+    #: Killed by the launcher: no progress for --hang-timeout seconds, or not finished
+    #: --exit-timeout seconds after another rank finished.
     HUNG = "hung"
     #: Failed because another rank went away (a peer's connection closed).
     COLLATERAL = "collateral"

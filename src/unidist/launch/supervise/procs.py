@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from unidist.hangs.verdict import stopped
 from unidist.launch import records
 from unidist.launch.rank.runtime import STACK_SIGNAL
 
@@ -77,12 +77,7 @@ class Processes:
 
     def frozen(self, proc: Proc) -> bool:
         """Whether the process is stopped (state T: SIGSTOP, SIGTSTP) or by a tracer (t)."""
-        if not self._same(proc):
-            return False
-        with contextlib.suppress(OSError, IndexError):
-            state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            return state in ("T", "t")
-        return False
+        return self._same(proc) and stopped(proc.pid)
 
     def signal_group(self, proc: Proc, sig: int) -> None:
         """``sig`` to the rank's process group (every rank leads its own session, as torch

@@ -61,16 +61,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
 from unidist.hangs.verdict import RankFacts
+from unidist.launch.supervise import notices
 from unidist.launch.supervise.events import Culprit, Event, HangFlag
-from unidist.launch.supervise.outcome import Status
 from unidist.session.link import Link, connect_within
 
-__all__ = ["DEADLINE", "LINGER", "POLL", "Failure", "Relay", "decode", "encode"]
+__all__ = ["DEADLINE", "LINGER", "LOST", "POLL", "Relay"]
 
 #: Seconds between two looks at the store.
 POLL = 0.5
@@ -82,148 +81,12 @@ LINGER = 5.0
 #: told otherwise: torch's c10d rendezvous keep-alive (``keep_alive_interval`` x
 #: ``keep_alive_max_attempt``, 5 s x 3 by default), generous: a loaded launcher still beats.
 LOST = 15.0
-#: Kinds of failure: the rank's own fault (or its node's), then the waits another rank caused.
-OWN = (Status.RAISED, Status.CRASHED, Status.LOST)
-WAITED = (Status.TIMEOUT, Status.COLLATERAL)
-_MAX_RECORD = 8192
 #: What a launcher adds to its beat when it leaves the round: the count says "left", not "lost".
 _LEFT = 1 << 40
-_MAX_TEXT = 600
-_MAX_PATH = 4096
 #: Seconds a launcher that called a hang waits for every node's facts.
 GATHER = 5.0
 #: Polls that try to read a raised hang flag before the hang is called without its value.
 FLAG_READS = 3
-_MAX_FACTS = 256 * 1024
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One failed rank, as its node's launcher saw it."""
-
-    rank: int
-    local_rank: int
-    node_rank: int
-    host: str
-    kind: str  # raised | crashed | timeout | collateral
-    detail: str  # "raised ValueError: ..." as the report words it
-    exit_code: int | None
-    time_ns: int
-    stdout: str  # the rank's log files, on its own host
-    stderr: str
-
-    @property
-    def own(self) -> bool:
-        """Whether the rank failed by its own fault (not waiting for another)."""
-        return self.kind in OWN
-
-
-def encode(failure: Failure) -> str:
-    """The record as the store holds it: JSON, ASCII."""
-    return json.dumps(asdict(failure), sort_keys=True)
-
-
-def _text(value: Any, limit: int) -> bool:
-    return isinstance(value, str) and len(value) <= limit and value.isprintable()
-
-
-def decode(raw: bytes | str, world_size: int, nproc: int) -> Failure | None:
-    """The record back, or None unless it has the exact shape one of this job's launchers writes.
-
-    Args:
-        raw: the store's value.
-        world_size: ranks in the job (this round).
-        nproc: ranks per node.
-    """
-    if len(raw) > _MAX_RECORD:
-        return None
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    fields = set(Failure.__dataclass_fields__)
-    if not isinstance(data, dict) or set(data) != fields:
-        return None
-    ints = ("rank", "local_rank", "node_rank", "time_ns")
-    if not all(type(data[name]) is int for name in ints):
-        return None
-    code = data["exit_code"]
-    rank, local, node = data["rank"], data["local_rank"], data["node_rank"]
-    checks = (
-        0 <= rank < world_size,
-        0 <= local < nproc,
-        rank == node * nproc + local,  # torch's agent numbers each node's ranks contiguously
-        data["time_ns"] > 0,
-        data["kind"] in OWN + WAITED,
-        code is None or (type(code) is int and 0 <= code < 256),
-        _text(data["host"], 255) and bool(data["host"]),
-        _text(data["detail"], _MAX_TEXT),
-        _text(data["stdout"], _MAX_PATH),
-        _text(data["stderr"], _MAX_PATH),
-    )
-    return Failure(**data) if all(checks) else None
-
-
-def _facts(raw: bytes | str, node: int, current: tuple[str, int, int]) -> list[RankFacts] | None:
-    """Another node's facts as its launcher published them, or None unless well formed: only
-    that node's ranks, plain numbers and printable, bounded texts (never unpickled)."""
-    try:
-        data = raw.decode() if isinstance(raw, bytes) else raw
-        if len(data) > _MAX_FACTS:
-            return None
-        items = json.loads(data)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(items, list):
-        return None
-    nproc = current[2]
-    found = []
-    for item in items[:nproc]:
-        fact = _fact(item)
-        if fact is None or fact.node != node or not node * nproc <= fact.rank < (node + 1) * nproc:
-            return None
-        found.append(fact)
-    return found
-
-
-def _fact(item: Any) -> RankFacts | None:
-    """One rank's facts from another node, or None unless well formed and printable."""
-    fact = RankFacts.from_json(item, _MAX_PATH)
-    if fact is None:
-        return None
-    short = (fact.host, fact.status, fact.state, fact.op)
-    if any(len(text) > _MAX_TEXT for text in short):
-        return None
-    texts = (*short, fact.frame, fact.where)
-    return fact if all(text.isprintable() for text in texts) else None
-
-
-def _flag_node(raw: Any, current: tuple[str, int, int]) -> int | None:
-    """The node a hang flag names (its launcher writes its node rank), or None for anything
-    else: a value some other writer of the store put there."""
-    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else str(raw or "")
-    nodes = max(1, current[1] // current[2])
-    return int(text) if text.isdigit() and len(text) < 8 and int(text) < nodes else None
-
-
-def lost(node: int, nproc: int, silent: float, watcher: int) -> Failure:
-    """The record of node ``node``, whose beat node ``watcher`` saw stand still ``silent`` s."""
-    return Failure(
-        rank=node * nproc,
-        local_rank=0,
-        node_rank=node,
-        host=f"node {node}",
-        kind="lost",
-        detail=(
-            f"node {node} went away: its launcher stopped answering (no beat on the rendezvous "
-            f"store for {silent:.0f} s, seen by the launcher of node {watcher} on "
-            f"{socket.gethostname()[:100]}); its host went down or its launcher was killed"
-        )[:_MAX_TEXT],
-        exit_code=None,
-        time_ns=time.time_ns(),
-        stdout="",
-        stderr="",
-    )
 
 
 class _Watch:
@@ -287,9 +150,9 @@ class Relay(threading.Thread):
         self._store: Any = None
         self._link: Link | None = None  # keeps the deadline of the connection
         self._round: tuple[str, int, int] | None = None  # (generation, world size, nproc)
-        self._pending: Failure | None = None
+        self._pending: notices.Failure | None = None
         self._published = threading.Event()
-        self._received: tuple[str, Failure] | None = None
+        self._received: tuple[str, notices.Failure] | None = None
         self._acked: str | None = None
         self._node = 0  # this launcher's node rank in the round
         self._beating: tuple[str, int] | None = None  # (round, node) of this launcher's beat
@@ -322,7 +185,7 @@ class Relay(threading.Thread):
             self._hang_done.clear()
         self._wake.set()
 
-    def publish(self, failure: Failure) -> None:
+    def publish(self, failure: notices.Failure) -> None:
         """Tell the other nodes (soon, from this thread) that ``failure`` happened here."""
         with self._lock:
             if self._pending is None or (failure.own and not self._pending.own):
@@ -358,7 +221,7 @@ class Relay(threading.Thread):
         if current is None:
             return facts, []
         nodes = max(1, current[1] // current[2])
-        payload = json.dumps([f.to_json() for f in facts])[:_MAX_FACTS]
+        payload = json.dumps([f.to_json() for f in facts])[: notices.MAX_FACTS]
         with self._lock:
             self._hang_out = payload
             self._hang_in = {node: facts}
@@ -376,7 +239,7 @@ class Relay(threading.Thread):
         every = [fact for n in sorted(gathered) for fact in gathered[n]]
         return every, missing
 
-    def received(self) -> Failure | None:
+    def received(self) -> notices.Failure | None:
         """The job's culprit as the store says, once known (this round only)."""
         with self._lock:
             return self._received[1] if self._received is not None else None
@@ -447,7 +310,7 @@ class Relay(threading.Thread):
     def _poll(
         self,
         current: tuple[str, int, int],
-        pending: Failure | None,
+        pending: notices.Failure | None,
         leave: tuple[str, Callable[[], None]] | None,
         settled: bool,
     ) -> None:
@@ -556,7 +419,7 @@ class Relay(threading.Thread):
             return
         silent = self._watch.silent(count, time.monotonic())
         if silent >= self.lost:
-            self.publish(lost(node, current[2], silent, me))
+            self.publish(notices.lost(node, current[2], silent, me))
 
     def _sync_progress(self, current: tuple[str, int, int]) -> None:
         """Add what this node progressed since the last poll; read the job's total."""
@@ -585,7 +448,7 @@ class Relay(threading.Thread):
                     self._hang_elsewhere = self._round == current
                     told = self._hang_elsewhere
                 if told:
-                    named = _flag_node(raw, current) if raw is not None else None
+                    named = notices.flag_node(raw, current) if raw is not None else None
                     self._tell(HangFlag(current[0], named, read=raw is not None))
             return
         self._call(lambda store: store.compare_set(flag, "", str(node)))
@@ -601,7 +464,7 @@ class Relay(threading.Thread):
                 key = self._key(current[0], f"hang/{other}")
                 if self._call(lambda store, key=key: store.check([key])):
                     raw = self._call(lambda store, key=key: store.get(key))
-                    facts = _facts(raw, other, current) if raw is not None else None
+                    facts = notices.facts(raw, other, current) if raw is not None else None
                     if facts is not None:
                         with self._lock:
                             self._hang_in[other] = facts
@@ -613,19 +476,19 @@ class Relay(threading.Thread):
             self._hang_out = None
         self._hang_done.set()
 
-    def _send(self, current: tuple[str, int, int], failure: Failure) -> None:
-        key, value = self._key(current[0], "failed"), encode(failure)
+    def _send(self, current: tuple[str, int, int], failure: notices.Failure) -> None:
+        key, value = self._key(current[0], "failed"), notices.encode(failure)
         stored = self._call(lambda store: store.compare_set(key, "", value))
         if stored is None:
             return
-        found = decode(stored, current[1], current[2])
+        found = notices.decode(stored, current[1], current[2])
         if found is None or (failure.own and not found.own):
             # A wait was published first, and a rank's own failure explains it; or the key holds
             # what no launcher of this job writes: replace it (only if unchanged meanwhile).
             replaced = self._call(lambda store: store.compare_set(key, stored, value))
             if replaced is None:
                 return
-            found = decode(replaced, current[1], current[2])
+            found = notices.decode(replaced, current[1], current[2])
         with self._lock:
             if self._pending is failure:
                 self._pending = None
@@ -638,9 +501,9 @@ class Relay(threading.Thread):
             return
         raw = self._call(lambda store: store.get(key))
         if raw is not None:
-            self._take(current, decode(raw, current[1], current[2]))
+            self._take(current, notices.decode(raw, current[1], current[2]))
 
-    def _take(self, current: tuple[str, int, int], found: Failure | None) -> None:
+    def _take(self, current: tuple[str, int, int], found: notices.Failure | None) -> None:
         if found is None:
             return  # not a record this job's launchers write: ignored, never believed
         with self._lock:

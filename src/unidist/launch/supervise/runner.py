@@ -43,7 +43,7 @@ from typing import Any
 
 from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError
-from unidist.hangs import page as progress_record
+from unidist.hangs import page
 from unidist.launch import onenode, records
 from unidist.launch.plan import rundir
 from unidist.launch.plan.job import LaunchPlan, probe_templates
@@ -51,9 +51,10 @@ from unidist.launch.plan.rendezvous import NODE_TIMEOUT
 from unidist.launch.records import Slot, Start
 from unidist.launch.supervise import relay
 from unidist.launch.supervise.console import Console
+from unidist.launch.supervise.excerpts import check_logs
 from unidist.launch.supervise.failures import raise_rendezvous_error
 from unidist.launch.supervise.hang import HANG_EXIT_CODE, HangReport
-from unidist.launch.supervise.report import Report, analyse, check_logs
+from unidist.launch.supervise.report import Report, analyse
 from unidist.launch.supervise.supervisor import FINISH_SECONDS, Supervisor
 from unidist.launch.supervise.watch import Observed
 
@@ -149,7 +150,7 @@ class Run:
             rank, node = int(env["RANK"]), int(env.get("GROUP_RANK", "0"))
             env[records.EVENTS], env[records.START] = str(self.events), str(index)
             env[records.ERROR_FILE] = str(records.error_file(self.events, index, rank))
-            env[_env.PROGRESS] = str(progress_record.path_for(self.events, rank, index))
+            env[_env.HANG_PAGE] = str(page.path_for(self.events, rank, index))
             if _relayed(plan):
                 env[records.AWAIT_LEAVE] = "1"
             if given is not None:  # "": the launcher's own stream, not a file
@@ -449,7 +450,7 @@ def _final_report(
     else:  # after a hang, the hung rank's silence is no straggler's slowness
         report.stragglers = supervisor.stragglers(final=True)
     if report.failed:
-        check_logs(report)  # a full disk or an I/O error, named as the cause
+        check_logs(report.outcomes)  # a full disk or an I/O error, named as the cause
     return report
 
 

@@ -40,7 +40,7 @@ from unidist.hangs.page import State
 from unidist.launch import records
 from unidist.launch.printing import escaped
 from unidist.launch.records import Start
-from unidist.launch.supervise import relay
+from unidist.launch.supervise import notices, relay
 from unidist.launch.supervise.events import (
     Culprit,
     Event,
@@ -51,8 +51,7 @@ from unidist.launch.supervise.events import (
     Tick,
 )
 from unidist.launch.supervise.exits import ExitClock
-from unidist.launch.supervise.hang import HangWatch, StragglerReport
-from unidist.launch.supervise.hang import write as write_report
+from unidist.launch.supervise.hang import HangWatch, StragglerReport, write as write_report
 from unidist.launch.supervise.outcome import RankOutcome, Status
 from unidist.launch.supervise.procs import Proc, Processes
 from unidist.launch.supervise.report import Report, analyse, outcome_of
@@ -319,8 +318,8 @@ class Supervisor(threading.Thread):
         late = [rank for rank in procs if not self.seen.watch(rank).gone]
         for rank in late:
             watch = self.seen.watch(rank)
-            if watch.state is not RankState.HUNG:
-                advance(watch, Sighting.HANG, time.time_ns())
+            if watch.state is not RankState.OVERDUE:
+                advance(watch, Sighting.OVERDUE, time.time_ns())
                 self.processes.ask_for_stack(procs[rank])  # every thread's stack to its log
         if late:
             time.sleep(STACK_WAIT)
@@ -462,12 +461,12 @@ class Supervisor(threading.Thread):
             for slot in sorted(start.slots)
             if start.slots[slot].rank in self.seen.failed_on_their_own
         ]
-        failed = [o for o in failed if o.status in relay.OWN + relay.WAITED]
-        failed.sort(key=lambda o: (o.status not in relay.OWN, o.time_ns or 0))
+        failed = [o for o in failed if o.status in notices.FAULTS + notices.WAITS]
+        failed.sort(key=lambda o: (o.status not in notices.FAULTS, o.time_ns or 0))
         node = next(iter(start.slots.values())).node_rank
         if failed:
-            own = failed[0].status in relay.OWN
-            if self._told is None or (own and self._told.status not in relay.OWN):
+            own = failed[0].status in notices.FAULTS
+            if self._told is None or (own and self._told.status not in notices.FAULTS):
                 self._told = failed[0]
                 self.relay.publish(_failure(failed[0], node))
         if self._left != start.index and self._all_finished(start, found):
@@ -484,8 +483,8 @@ class Supervisor(threading.Thread):
         return True
 
 
-def _failure(outcome: RankOutcome, node_rank: int) -> relay.Failure:
-    return relay.Failure(
+def _failure(outcome: RankOutcome, node_rank: int) -> notices.Failure:
+    return notices.Failure(
         rank=outcome.rank,
         local_rank=outcome.local_rank,
         node_rank=node_rank,

@@ -10,8 +10,8 @@ files. The states, and how a rank moves::
        │                  FAILED   (an error file, or a non-zero status)
        │                  EXITED   (status unknown: torch's agent reaped it first; no record)
        ├── stop ──> STOPPING ── exited ──> STOPPED   (the launcher's SIGTERM, another rank failed)
-       └── hang ──> HUNG ── exited ──> HUNG          (killed: not finished exit_timeout after
-                                                      another rank finished)
+       └── overdue ──> OVERDUE ── exited ──> OVERDUE (killed: not finished exit_timeout
+                                                      after another rank finished)
 
 Each event also records its facts (times in ns, the exit status, frozen or not), so the report
 can order what happened; a rank seen gone takes no further event.
@@ -33,7 +33,7 @@ class RankState(enum.Enum):
 
     RUNNING = "running"
     STOPPING = "stopping"  # sent SIGTERM by the launcher, not yet seen gone
-    HUNG = "hung"  # killed for not finishing in time
+    OVERDUE = "overdue"  # killed for not finishing exit_timeout after another rank finished
     FINISHED = "finished"
     FAILED = "failed"
     EXITED = "exited"  # gone, status unknown, nothing recorded
@@ -46,11 +46,11 @@ class Sighting(str, enum.Enum):
     RUNNING = "running"  # seen running
     EXITED = "exited"  # seen gone (with its status and records)
     STOP = "stop"  # the launcher sent it SIGTERM
-    HANG = "hang"  # killed for not finishing in time
+    OVERDUE = "overdue"  # killed for not finishing in time
 
 
 #: The states of a rank that the supervisor has not yet seen gone.
-LIVE = (RankState.RUNNING, RankState.STOPPING, RankState.HUNG)
+LIVE = (RankState.RUNNING, RankState.STOPPING, RankState.OVERDUE)
 
 
 @dataclass
@@ -64,7 +64,7 @@ class RankWatch:
     failed_exit: bool = False  # exited with an error file or a non-zero status
     stopped_at: int | None = None  # the launcher sent SIGTERM
     frozen: bool = False  # in state T (SIGSTOP, a debugger) when the launcher stopped it
-    hung_at: int | None = None  # killed for not finishing in time
+    overdue_at: int | None = None  # killed for not finishing in time
 
     @property
     def gone(self) -> bool:
@@ -95,7 +95,7 @@ def advance(
         event: :attr:`Sighting.RUNNING` (seen running at ``at``),
             :attr:`Sighting.EXITED` (seen gone, with ``status``, and whether its records say it
             ``failed`` or ``finished``), :attr:`Sighting.STOP` (the launcher sent SIGTERM;
-            ``frozen``: the rank was in state T) or :attr:`Sighting.HANG` (killed for not
+            ``frozen``: the rank was in state T) or :attr:`Sighting.OVERDUE` (killed for not
             finishing in time); or its value.
         at: when, in ns since the epoch.
 
@@ -124,10 +124,10 @@ def advance(
         watch.stopped_at, watch.frozen = at, frozen
         if watch.state is RankState.RUNNING:
             watch.state = RankState.STOPPING
-    else:  # Sighting.HANG
-        watch.hung_at = at
+    else:  # Sighting.OVERDUE
+        watch.overdue_at = at
         if watch.state in (RankState.RUNNING, RankState.STOPPING):
-            watch.state = RankState.HUNG
+            watch.state = RankState.OVERDUE
 
 
 @dataclass
@@ -155,8 +155,8 @@ class Observed:
         """:attr:`failed`, less the ranks :attr:`RankWatch.terminated` by a SIGTERM from outside.
 
         These are what the supervisor acts on (stopping the survivors, telling other nodes).
-        torch's agent SIGTERMs every rank when a node joins; acting on that as a failure made
-        the other nodes' launchers stop their ranks before their own agents saw the new node,
-        and the job failed where torchrun's went on.
+        torch's agent SIGTERMs every rank when a node joins; acting on that as a failure would
+        make the other nodes' launchers stop their ranks before their own agents see the new
+        node, and fail a job that torchrun carries on.
         """
         return {rank for rank, w in self.ranks.items() if w.failed_exit and not w.terminated}
