@@ -83,9 +83,9 @@ def _check_migration(page: str, prefix: str, module: str, names: set[str]) -> No
     assert not missing, f"docs/{page} has no row for {prefix}.{missing}"
     assert all(rows[name].strip() for name in names), "every row names a unidist equivalent"
     # A ported call by the same name never fails with Python's guess: the name is unidist's
-    # too, or it has a pointer (tested in test_public_api), or it is the sync module.
+    # too, or it has a pointer (tested in test_public_api).
     for name in names:
-        if name in unidist.__all__ or name == "sync":
+        if name in unidist.__all__:
             continue
         assert POINTERS.get(name, (None,))[0] == module, f"unidist.{name} needs a pointer"
 

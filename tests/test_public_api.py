@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import traceback
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,29 @@ def test_adapters_print_their_name() -> None:
     from unidist.adapters import registry
 
     assert repr(registry.get("torch")) == "<TorchAdapter 'torch'>"
+
+
+def test_the_type_stub_gives_exactly_the_listed_names() -> None:
+    """``__init__.pyi`` (what type checkers read) is generated from the package's one list of
+    public names; a name added to the list and not to the stub, or the other way, fails here."""
+    import ast
+
+    stub = ast.parse((Path(unidist.__file__).parent / "__init__.pyi").read_text())
+    imported = {
+        (node.module, alias.name)
+        for node in stub.body
+        if isinstance(node, ast.ImportFrom) and node.module != "typing"
+        for alias in node.names
+        if alias.asname == alias.name  # re-exported
+    }
+    listed = {("unidist.errors", name) for name in unidist._ERRORS}
+    listed |= {(module, name) for module, names in unidist._MODULES.items() for name in names}
+    listed.add(("unidist._base.version", "__version__"))
+    stub_all = next(
+        ast.literal_eval(node.value)
+        for node in stub.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__"
+    )
+    hint = "HINT: run .venv/bin/python scripts/init_stub.py"
+    assert imported == listed, hint
+    assert stub_all == unidist.__all__, hint

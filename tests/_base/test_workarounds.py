@@ -31,7 +31,7 @@ from unidist._base.workarounds import (
     TORCH_BUGS,
     replace_c10d_store,
     replace_dataloader_worker,
-    torch_version,
+    torch_release,
 )
 from unidist.testing import run_distributed
 
@@ -41,15 +41,15 @@ ROUNDS = 10
 
 
 def test_versions_are_read_from_torch_strings() -> None:
-    assert torch_version("2.7.0+cu126") == (2, 7)
-    assert torch_version("2.14.1") == (2, 14)
-    assert torch_version("2.11.0a0+git1234") == (2, 11)
+    assert torch_release("2.7.0+cu126") == (2, 7)
+    assert torch_release("2.14.1") == (2, 14)
+    assert torch_release("2.11.0a0+git1234") == (2, 11)
     assert GLOO_TEARDOWN_DEADLOCK.present("2.7.0")
     assert not GLOO_TEARDOWN_DEADLOCK.present("2.8.0")
     assert GLOO_AVG_SUMS.affected == "torch < 2.9"
-    assert torch_version() == torch_version(torch.__version__)
+    assert torch_release() == torch_release(torch.__version__)
     with pytest.raises(ValueError, match="cannot read a torch version"):
-        torch_version("nightly")
+        torch_release("nightly")
 
 
 def test_every_bug_names_its_upstream_reference() -> None:

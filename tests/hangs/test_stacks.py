@@ -21,7 +21,7 @@ from unidist.hangs import page as record, stacks as sampler
 from unidist.hangs.page import State, Writer
 from unidist.hangs.stacks import (
     Entry,
-    Sampler,
+    PageWriter,
     _Places,
     _StackReader,
     classify,
@@ -163,7 +163,7 @@ def test_the_thread_writes_steps_motion_and_answers_for_stacks(
     tmp_path: Path, capfd: object
 ) -> None:
     path = tmp_path / "r.bin"
-    thread = Sampler(Writer(path), tick=0.01)
+    thread = PageWriter(Writer(path), tick=0.01)
     thread.start()
     try:
         for _ in range(5):
@@ -418,7 +418,7 @@ def test_a_look_raises_no_audit_event() -> None:
     assert done.stdout.strip() == "[]"
 
 
-def _looks(thread: Sampler, count: int) -> None:
+def _looks(thread: PageWriter, count: int) -> None:
     """Wait (in the main thread, blocked in C) until ``thread`` has looked ``count`` times more."""
     target = int(thread.writer.values["ticks"]) + count
     deadline = time.monotonic() + 60
@@ -427,7 +427,7 @@ def _looks(thread: Sampler, count: int) -> None:
         time.sleep(0.01)
 
 
-def _blocked_for_looks(thread: Sampler, count: int) -> None:
+def _blocked_for_looks(thread: PageWriter, count: int) -> None:
     """Block the main thread in one call (a lock's wait, in C) until ``thread`` has looked
     ``count`` times more: a helper thread watches the looks and lets it go."""
     target = int(thread.writer.values["ticks"]) + count
@@ -451,7 +451,7 @@ def test_a_loop_that_iterates_on_one_line_is_motion_a_wait_on_one_line_is_not(
 ) -> None:
     # hangs.md: a loop that iterates is progress. A loop whose whole body sits on one line
     # never changes the innermost frame's line; its instructions do.
-    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.005)
+    thread = PageWriter(Writer(tmp_path / "r.bin"), tick=0.005)
     thread.start()
     try:
         _looks(thread, 3)
@@ -476,7 +476,7 @@ def test_a_rank_whose_sampler_will_not_stop_keeps_one_writer(
     # failed() writes where the rank raised; if the sampler thread did not end within its
     # bound, it still writes the record, and two writers on a seqlock tear it.
     inside, leave = threading.Event(), threading.Event()
-    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread = PageWriter(Writer(tmp_path / "r.bin"), tick=0.01)
     original = thread.look
 
     def stuck_look() -> None:
@@ -522,7 +522,7 @@ def test_a_loop_with_a_loader_and_a_resumable_state_counts_each_step_once(
     # The elastic guide's loop: a unidist loader and ResumableState.step() in one loop.
     loader = unidist.auto_dataloader(list(range(12)), per_rank_batch_size=2)
     state = unidist.ResumableState(tmp_path / "ck", job="j", loader=loader, stop_signals=())
-    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread = PageWriter(Writer(tmp_path / "r.bin"), tick=0.01)
     thread.start()
     try:
         for _ in state.epochs(1):
@@ -538,7 +538,7 @@ def test_a_loop_with_a_loader_and_a_resumable_state_counts_each_step_once(
 @pytest.mark.usefixtures("no_steps_yet")
 def test_a_loop_with_a_loader_alone_counts_its_batches(tmp_path: Path) -> None:
     loader = unidist.auto_dataloader(list(range(12)), per_rank_batch_size=4)
-    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread = PageWriter(Writer(tmp_path / "r.bin"), tick=0.01)
     thread.start()
     try:
         assert len(list(loader)) == 3
@@ -585,7 +585,7 @@ def test_a_save_that_writes_for_long_is_motion(
     monkeypatch.setattr(filesystem.FileSystem, "create_stream", slow)
     model = torch.nn.Linear(1024, 2048)  # 8 MiB of weights
     state = unidist.ResumableState(tmp_path / "ck", job="j", model=model, stop_signals=())
-    thread = Sampler(Writer(tmp_path / "r.bin"), tick=0.01)
+    thread = PageWriter(Writer(tmp_path / "r.bin"), tick=0.01)
     thread.start()
     _SlowStream.moves_seen.clear()
     try:

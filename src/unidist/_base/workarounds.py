@@ -93,11 +93,11 @@ __all__ = [
     "count_checkpoint_writes",
     "replace_c10d_store",
     "replace_dataloader_worker",
-    "torch_version",
+    "torch_release",
 ]
 
 
-def torch_version(text: str | None = None) -> tuple[int, int]:
+def torch_release(text: str | None = None) -> tuple[int, int]:
     """(major, minor) of ``text`` or of the installed torch (``"2.7.0+cu126"`` -> ``(2, 7)``)."""
     if text is None:
         import torch
@@ -128,7 +128,7 @@ class TorchBug:
 
     def present(self, version: str | None = None) -> bool:
         """Whether torch ``version`` (default: the installed one) has the bug."""
-        return self.fixed_in is None or torch_version(version) < self.fixed_in
+        return self.fixed_in is None or torch_release(version) < self.fixed_in
 
     @property
     def affected(self) -> str:

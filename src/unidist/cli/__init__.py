@@ -1,4 +1,9 @@
-"""The ``unidist`` command line (also ``python -m unidist``)."""
+"""The ``unidist`` command line (also ``python -m unidist``), and the programs it runs.
+
+:mod:`~unidist.cli.diagnostics` is ``unidist config`` and ``unidist probe`` (also
+:func:`unidist.show_config` and :func:`unidist.probe`); :mod:`~unidist.cli.smoke` is the program
+``unidist smoke`` runs on every rank, written on the public API as a user's script would be.
+"""
 
 from __future__ import annotations
 

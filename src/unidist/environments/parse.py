@@ -23,7 +23,7 @@ __all__ = [
     "LAUNCHER_MARKER",
     "OwnSettings",
     "chosen",
-    "progress_file",
+    "hang_page_file",
     "read",
     "read_settings",
     "run_id",
@@ -134,8 +134,8 @@ def _float_or_text(raw: str) -> float | str:
         return raw
 
 
-def progress_file(environ: Mapping[str, str] | None = None) -> str | None:
-    """Where this rank keeps its progress record (``UNIDIST_PROGRESS``), if its launcher asked."""
+def hang_page_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """Where this rank keeps its hang page (``UNIDIST_PROGRESS``), if its launcher asked."""
     env = os.environ if environ is None else environ
     return env.get(HANG_PAGE) or None
 

@@ -1,12 +1,14 @@
-"""One rank's progress record: a small shared-memory file the rank writes and its launcher reads.
+"""One rank's page: a small shared-memory file of where the rank is, written by the rank and read
+by its launcher.
 
 Every rank that ``unidist launch`` or :func:`unidist.testing.run_distributed` starts keeps one
 (``UNIDIST_PROGRESS`` names it): a page in the run's private folder, mapped by the rank and read by
 the launcher without asking the rank anything, so a rank stuck in C code, in a collective or
-frozen by SIGSTOP still shows where it last was. The rank's sampler thread (sampler.py) is its
-only writer; the launcher writes one field only, ``request`` (a stack dump, answered in
-``answered``). A seqlock keeps reads whole: the writer makes ``seq`` odd before it writes and
-even after; a reader that sees an odd or changed ``seq`` reads again.
+frozen by SIGSTOP still shows where it last was. The rank's stack thread
+(:mod:`unidist.hangs.stacks`) is its only writer; the launcher writes one field only,
+``request`` (a stack dump, answered in ``answered``). A seqlock keeps reads whole: the writer
+makes ``seq`` odd before it writes and even after; a reader that sees an odd or changed ``seq``
+reads again.
 
 Layout (little-endian; ``Q`` = u64, times from ``CLOCK_MONOTONIC`` in ns, comparable on one host)::
 

@@ -1,7 +1,7 @@
 """The rank's side of hang and straggler attribution: a thread that says where the rank is.
 
 Started in every rank of ``unidist launch`` and :func:`unidist.testing.run_distributed` (no change
-to the script), it wakes ten times a second and writes the rank's progress record (record.py):
+to the script), it wakes ten times a second and writes the rank's page (:mod:`unidist.hangs.page`):
 
 * the sequence number of every process group (torch counts each collective a rank *issues* on a
   group: unidist's, torch's own, DDP's gradient buckets and FSDP's gathers alike, in C++, so the
@@ -51,11 +51,11 @@ from typing import Any
 from unidist.hangs.page import State, Writer
 from unidist.session import state as _state
 
-__all__ = ["TICK", "Sampler", "batch", "finish", "moved", "start", "step"]
+__all__ = ["TICK", "PageWriter", "batch", "finish", "moved", "start", "step"]
 
 #: Seconds between two looks.
 TICK = 0.1
-#: How long :meth:`Sampler.stop` waits for the thread to end.
+#: How long :meth:`PageWriter.stop` waits for the thread to end.
 STOP_SECONDS = 30.0
 _MAX_FRAMES = 256
 
@@ -64,7 +64,7 @@ _step_at = 0
 _batches = 0
 _batch_at = 0
 _moved = 0
-_current: Sampler | None = None
+_current: PageWriter | None = None
 
 
 def step() -> None:
@@ -94,13 +94,13 @@ def _step_count() -> tuple[int, int]:
     return (_steps, _step_at) if _steps else (_batches, _batch_at)
 
 
-def start(path: str | os.PathLike[str]) -> Sampler | None:
+def start(path: str | os.PathLike[str]) -> PageWriter | None:
     """Start this process's sampler writing to ``path`` (once; None if it cannot)."""
     global _current
     if _current is not None:
         return _current
     try:
-        sampler = Sampler(Writer(path))
+        sampler = PageWriter(Writer(path))
     except OSError:
         return None
     sampler.start()
@@ -460,7 +460,7 @@ def _read_sequences(dist: Any, c10d: Any) -> tuple[int, int]:
     return 0, 0
 
 
-class Sampler(threading.Thread):
+class PageWriter(threading.Thread):
     """The thread (see the module's docstring)."""
 
     def __init__(self, writer: Writer, tick: float = TICK) -> None:

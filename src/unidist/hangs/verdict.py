@@ -15,7 +15,7 @@ the job's first 10 minutes (its warm-up: imports, downloads, compilation, the fi
 
 **Who.** The ranks that are not waiting in a collective are what the others wait for: a rank in
 its own code, waiting for its DataLoader, frozen (SIGSTOP, a debugger), gone (exited), or silent
-(its sampler thread stopped: a host lost, or C code that holds the GIL). When every rank waits in
+(its stack thread stopped: a host lost, or C code that holds the GIL). When every rank waits in
 a collective, their sequence numbers (torch counts each collective issued on a group) say who is
 behind; equal numbers with different collectives mean the ranks diverged.
 """

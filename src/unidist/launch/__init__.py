@@ -1,13 +1,14 @@
 """``unidist launch`` and :func:`unidist.spawn`, on torch's elastic agent, in rooms by phase.
 
 * :mod:`~unidist.launch.plan`: options -> a checked :class:`LaunchPlan` (``plan.job``), the
-  checks, the console spec, the run folder's names, the dry run. No process is started there.
-* :mod:`~unidist.launch.supervise`: the launcher process. ``runner`` drives
-  ``torch.distributed.launcher``'s ``elastic_launch``; ``watch`` follows each rank's state,
-  ``hang`` names stuck ranks, ``report`` tells the culprit from collateral, ``console`` copies
-  output, ``relay`` speaks with the other nodes' launchers, ``exits`` decodes exit codes.
+  rendezvous options (``plan.rendezvous``), the checks, the console spec (``plan.output``), the
+  run folder's names, the dry run. No process is started there, and no torch imported.
+* :mod:`~unidist.launch.supervise`: the launcher process (its docstring lists its modules).
 * :mod:`~unidist.launch.rank`: what runs inside each rank (``bootstrap``, ``runtime``).
-* ``rendezvous``, ``onenode``: rendezvous options and unidist's one-node rendezvous backend.
+* ``torchfacts``: the plan's one door to the installed torch (device counts, the agent's
+  settings).
+* ``onenode``, ``onenode_handler``: unidist's one-node rendezvous backend (its registration,
+  without torch; the handler itself).
 * ``records``, ``printing``, ``leaving``: the files ranks write and the launcher reads; escaped
   display; leaving a process at once (flushed, no teardown).
 * ``spawn``: :func:`unidist.spawn`, the top floor (it plans, supervises and runs ranks).

@@ -12,7 +12,13 @@ from unidist._base import checks as _checks
 from unidist._base.checks import check_flag, did_you_mean
 from unidist.errors import ConfigurationError
 
-__all__ = ["check_bool", "check_choice", "check_degree", "check_wrap", "mixed_precision_dtypes"]
+__all__ = [
+    "check_bool",
+    "check_degree",
+    "check_wrap",
+    "mixed_precision_dtypes",
+    "normalise_choice",
+]
 
 _DTYPE_NAMES = {
     "float32": ("fp32", "float32", "float", "torch.float32"),
@@ -41,7 +47,9 @@ def check_degree(obj: object, name: str) -> None:
         )
 
 
-def check_choice(obj: object, name: str, choices: tuple[str, ...], *, upper: bool = False) -> None:
+def normalise_choice(
+    obj: object, name: str, choices: tuple[str, ...], *, upper: bool = False
+) -> None:
     """Raise unless ``obj.name`` is one of ``choices`` (case-insensitive); store it normalised."""
     normal = _checks.check_choice(getattr(obj, name), f"{_owner(obj)}.{name}", choices, upper=upper)
     object.__setattr__(obj, name, normal)

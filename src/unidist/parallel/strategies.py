@@ -18,10 +18,10 @@ from unidist._base.checks import did_you_mean
 from unidist.errors import ConfigurationError
 from unidist.parallel._fields import (
     check_bool,
-    check_choice,
     check_degree,
     check_wrap,
     mixed_precision_dtypes,
+    normalise_choice,
 )
 
 __all__ = [
@@ -111,9 +111,9 @@ class FSDPConfig:
     def __post_init__(self) -> None:
         check_degree(self, "shard_degree")
         check_degree(self, "replicate_degree")
-        check_choice(self, "sharding_strategy", _SHARDING, upper=True)
-        check_choice(self, "backward_prefetch", _PREFETCH, upper=True)
-        check_choice(self, "state_dict_type", ("full", "sharded"))
+        normalise_choice(self, "sharding_strategy", _SHARDING, upper=True)
+        normalise_choice(self, "backward_prefetch", _PREFETCH, upper=True)
+        normalise_choice(self, "state_dict_type", ("full", "sharded"))
         for name in ("forward_prefetch", "limit_all_gathers", "sync_module_states"):
             check_bool(self, name)
         check_bool(self, "use_orig_params")
@@ -159,7 +159,7 @@ class FSDP2Config:
     def __post_init__(self) -> None:
         check_degree(self, "shard_degree")
         check_degree(self, "replicate_degree")
-        check_choice(self, "state_dict_type", ("full", "sharded"))
+        normalise_choice(self, "state_dict_type", ("full", "sharded"))
         reshard = self.reshard_after_forward
         if not isinstance(reshard, bool) and not (isinstance(reshard, int) and reshard > 1):
             raise ConfigurationError(

@@ -59,10 +59,9 @@ def write_record(
     value: dict[str, Any],
     *,
     compact: bool = False,
-    sync_folder: bool = True,
 ) -> None:
     """Replace a record atomically (``compact``: one line, for the large random states)."""
-    folder.write(name, records.encode(value, compact=compact), sync_folder=sync_folder)
+    folder.write(name, records.encode(value, compact=compact))
 
 
 def latest(root: Folder, job: str) -> int:

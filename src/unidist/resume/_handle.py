@@ -223,9 +223,9 @@ class Dir:
             raise CheckpointError(f"the {what} {where} grew past {limit} bytes while being read.")
         return data
 
-    def write(self, name: str, data: bytes, *, sync_folder: bool = True) -> None:
-        """Replace ``name`` with ``data`` atomically: a private new file, fsync, rename, and
-        (``sync_folder``) fsync of this folder, which makes the new name last."""
+    def write(self, name: str, data: bytes) -> None:
+        """Replace ``name`` with ``data`` atomically: a private new file, fsync, rename, and an
+        fsync of this folder, which makes the new name (and every name made before it) last."""
         tmp = f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
         fd = os.open(
             tmp,
@@ -245,10 +245,6 @@ class Dir:
             raise
         os.close(fd)
         os.rename(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        if sync_folder:
-            self.sync()
-
-    def sync(self) -> None:
         os.fsync(self.fd)
 
     def entries(self) -> list[str]:

@@ -268,7 +268,7 @@ class Remote:
             raise CheckpointError(f"the {what} {where} grew past {limit} bytes while being read.")
         return data
 
-    def write(self, name: str, data: bytes, *, sync_folder: bool = True) -> None:
+    def write(self, name: str, data: bytes) -> None:
         """One PUT: the object is replaced whole, or not at all."""
         try:
             self._call(f"writing {name}", "pipe_file", self._full(name), data)

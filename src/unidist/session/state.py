@@ -83,10 +83,11 @@ class GroupGuard:
     its store keeps serving ``MASTER_PORT``, so the next ``init_process_group`` on rank 0 joins
     that old store (torch shares one server per port) and reads the last group's addresses, and
     the new group never forms; on torch < 2.8 the late drop can also run gloo's destructor on
-    that thread, which deadlocks (:mod:`unidist._base.workarounds`). The progress sampler reads the
-    groups' sequence numbers from its own thread, so it takes the guard without blocking
-    (:meth:`try_hold`) and skips a look when it cannot; unidist's teardown holds it
-    (:meth:`closing`), and readers stand back as soon as a teardown asks, so it never starves.
+    that thread, which deadlocks (:mod:`unidist._base.workarounds`). The hang page's stack
+    thread reads the groups' sequence numbers from its own thread, so it takes the guard
+    without blocking (:meth:`try_hold`) and skips a look when it cannot; unidist's teardown
+    holds it (:meth:`closing`), and readers stand back as soon as a teardown asks, so it never
+    starves.
     """
 
     def __init__(self) -> None:

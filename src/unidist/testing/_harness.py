@@ -39,7 +39,7 @@ from unidist._base.checks import check_int, check_seconds
 from unidist.environments import variables as _env
 from unidist.errors import ConfigurationError, DistributedTimeoutError, UnidistError
 from unidist.hangs import page, stacks
-from unidist.hangs.verdict import stopped
+from unidist.hangs.verdict import Deadline, stopped
 from unidist.launch.leaving import leave_now
 from unidist.launch.rank.runtime import STACK_SIGNAL, default_start_method, die_with_parent
 
@@ -326,8 +326,6 @@ class _PageWatch:
     :mod:`unidist.hangs.verdict`'s, as ``unidist launch``'s are)."""
 
     def __init__(self, folder: Path, world_size: int, hang_timeout: float) -> None:
-        from unidist.hangs.verdict import Deadline
-
         self.folder = folder
         self.world_size = world_size
         self.deadline = Deadline(hang_timeout, time.monotonic())
@@ -559,7 +557,7 @@ def _worker(job: _Job) -> None:
     faulthandler.enable(file=err, all_threads=False)
     faulthandler.register(STACK_SIGNAL, file=err, all_threads=True)
     _env.replace_all(job.env)
-    progress = _env.progress_file()
+    progress = _env.hang_page_file()
     if progress:
         stacks.start(progress)  # where this rank is, for the parent's hang report
     # The fork server passed its start method on; the rank's own DataLoader workers should start

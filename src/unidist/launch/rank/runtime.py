@@ -45,8 +45,8 @@ from unidist.launch import records
 
 __all__ = [
     "STACK_SIGNAL",
-    "classify",
     "default_start_method",
+    "failure_kind",
     "die_with_parent",
     "prepare_rank",
     "record_done",
@@ -111,7 +111,7 @@ def _record_progress() -> None:
     """Start the thread that keeps this rank's progress record (hang and straggler reports)."""
     from unidist.environments import variables as _env
 
-    path = _env.progress_file()
+    path = _env.hang_page_file()
     if path:
         from unidist.hangs import stacks
 
@@ -231,7 +231,7 @@ def _keep_destroyed_groups(dist: Any) -> None:
             _kept_groups.append(group)
         elif dist.is_initialized():
             # Every group goes with the world: the subgroups too (a framework's temporary gloo
-            # group, unidist's control group), or the progress sampler's thread, which reads
+            # group, unidist's control group), or the hang page's stack thread, which reads
             # every group's sequence number, could drop the last reference to one of them.
             _kept_groups.append(dist.group.WORLD)
             _kept_groups.extend(dist.distributed_c10d._world.pg_map)
@@ -387,7 +387,7 @@ def _bind_stores() -> None:
     replace_c10d_store(bound)
 
 
-def classify(exc: BaseException) -> str:
+def failure_kind(exc: BaseException) -> str:
     """``"raised"`` (this rank's own failure), ``"collateral"`` or ``"timeout"`` (another's)."""
     from unidist.errors import DistributedTimeoutError, RemoteError, translated
 
@@ -415,7 +415,7 @@ def record_error(exc: BaseException) -> None:
 
     stacks.failed(exc)
     records.write_error(
-        _identity(), exc, classify(exc), "".join(traceback.format_exception(exc))[-6000:]
+        _identity(), exc, failure_kind(exc), "".join(traceback.format_exception(exc))[-6000:]
     )
 
 

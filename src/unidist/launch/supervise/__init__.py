@@ -4,7 +4,9 @@
 launcher knows of its ranks, fed by ``events``; the final sweep), ``watch`` (each rank's state),
 ``hang`` (stuck ranks and stragglers), ``report`` (culprit versus collateral, exit codes),
 ``console`` (the ranks' output on the launcher's terminal), ``relay`` (the other nodes'
-launchers), ``exits`` (when each rank's process ended), ``procs`` (which processes are the
-ranks, and signalling them), ``failures`` (what the launcher says when torch's agent or its
-rendezvous fails), ``outcome`` (how one rank ended).
+launchers), ``notices`` (what the launchers write to the rendezvous store for each other, and
+how it is read), ``excerpts`` (what a report quotes from a rank's logs), ``exits`` (when each
+rank's process ended), ``procs`` (which processes are the ranks, and signalling them),
+``failures`` (what the launcher says when torch's agent or its rendezvous fails), ``outcome``
+(how one rank ended).
 """

@@ -10,7 +10,7 @@ not silent, and publishes each node's facts when the hang is called, so every no
 same report.
 
 When it is called, :meth:`HangWatch.call` asks each rank for a dump of every thread's stack (its
-sampler thread answers within a tick; a rank that cannot, because it is frozen or in C code
+stack thread answers within a tick; a rank that cannot, because it is frozen or in C code
 holding the GIL, gets the launcher's stack signal, which faulthandler answers from inside any C
 code), then builds
 each rank's facts (running, exited with its code, frozen, silent) and the verdict. The report
@@ -39,7 +39,7 @@ __all__ = ["HANG_EXIT_CODE", "HangReport", "HangWatch", "StragglerReport", "rend
 
 #: ``unidist launch``'s exit code when it stopped a hung job.
 HANG_EXIT_CODE = 125
-#: A beat older than this (seconds) means the rank's sampler thread cannot run.
+#: A beat older than this (seconds) means the rank's stack thread cannot run.
 SILENT_AFTER = 3.0
 #: Seconds a rank gets to dump its stacks before the report is written.
 DUMP_WAIT = 1.0

@@ -31,7 +31,8 @@ __all__ = [
     "lost",
 ]
 
-#: Kinds of failure a record may carry: the rank's own fault (or its node's) ...
+#: Kinds of failure a record may carry: the rank's own fault (or its node's: a lost node; unlike
+#: :data:`unidist.launch.supervise.outcome.OWN`, no hang, which every node calls itself) ...
 FAULTS = (Status.RAISED, Status.CRASHED, Status.LOST)
 #: ... and the waits another rank caused.
 WAITS = (Status.TIMEOUT, Status.COLLATERAL)

@@ -42,7 +42,9 @@ class Status(str, enum.Enum):
         return self.value
 
 
-#: A failure of the rank's own (not caused by another rank).
+#: A failure of the rank's own (not caused by another rank). A node's launcher relays a
+#: different set (:data:`unidist.launch.supervise.notices.FAULTS`): a lost node is known only
+#: through the relay, and a hang is called on every node, so it is never relayed.
 OWN = (Status.RAISED, Status.CRASHED, Status.HUNG)
 #: A failure while waiting for another rank.
 WAITED = (Status.COLLATERAL, Status.TIMEOUT)

@@ -20,7 +20,7 @@ timeout in a collective) and their launcher then blames one of its own ranks. Wi
   (``unidist.barrier(timeout=...)``, a checkpoint's barrier) would wait out its whole timeout,
   minutes. So each launcher also beats (one ``add`` per poll) and watches one other node's beat,
   the next node's that has not left (O(1) per launcher): a beat that stood still for the
-  rendezvous keep-alive (``LOST`` seconds unless torch's c10d settings say otherwise) of the
+  rendezvous keep-alive (``LOST_AFTER`` seconds unless torch's c10d settings say otherwise) of the
   watcher's own polling makes the watcher publish that node as the culprit, kind ``lost``, and
   every node stops its ranks as for any other failure (a node not yet seen beating in the round
   gets twice as long). A launcher that leaves on its own, or moves on to the next round, says
@@ -69,7 +69,7 @@ from unidist.launch.supervise import notices
 from unidist.launch.supervise.events import Culprit, Event, HangFlag
 from unidist.session.link import Link, connect_within
 
-__all__ = ["DEADLINE", "LINGER", "LOST", "POLL", "Relay"]
+__all__ = ["DEADLINE", "LINGER", "LOST_AFTER", "POLL", "Relay"]
 
 #: Seconds between two looks at the store.
 POLL = 0.5
@@ -80,7 +80,7 @@ LINGER = 5.0
 #: Seconds a node's beat may stand still before the node watching it publishes it as lost, unless
 #: told otherwise: torch's c10d rendezvous keep-alive (``keep_alive_interval`` x
 #: ``keep_alive_max_attempt``, 5 s x 3 by default), generous: a loaded launcher still beats.
-LOST = 15.0
+LOST_AFTER = 15.0
 #: What a launcher adds to its beat when it leaves the round: the count says "left", not "lost".
 _LEFT = 1 << 40
 #: Seconds a launcher that called a hang waits for every node's facts.
@@ -136,7 +136,7 @@ class Relay(threading.Thread):
         host: str,
         port: int,
         run_id: str,
-        lost: float = LOST,
+        lost: float = LOST_AFTER,
         notify: Callable[[Event], None] | None = None,
     ) -> None:
         super().__init__(name="unidist-launch-relay", daemon=True)

@@ -495,8 +495,8 @@ def _keep_alive(configs: Mapping[str, str]) -> float:
         seconds = float(configs.get("keep_alive_interval", NODE_TIMEOUT / 3))
         seconds *= int(configs.get("keep_alive_max_attempt", 3))
     except ValueError:
-        return relay.LOST  # torch refuses the value itself, with its own message
-    return seconds if seconds > 0 else relay.LOST
+        return relay.LOST_AFTER  # torch refuses the value itself, with its own message
+    return seconds if seconds > 0 else relay.LOST_AFTER
 
 
 def _launch(

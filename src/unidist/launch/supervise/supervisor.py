@@ -443,7 +443,7 @@ class Supervisor(threading.Thread):
             remote.rank,
             remote.local_rank,
             remote.host,
-            Status(remote.kind),  # one of OWN + WAITED, or LOST: checked as it arrived
+            Status(remote.kind),  # one of notices.FAULTS + notices.WAITS: checked as it arrived
             remote.detail,
             remote.exit_code,
             remote.time_ns,
