@@ -48,7 +48,7 @@ from unidist.adapters.base import NamedAdapter
 if TYPE_CHECKING:
     from unidist import Topology
     from unidist.adapters.base import PrimitiveOp
-    from unidist.environments.variables import EnvReading
+    from unidist.environments import EnvReading
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,

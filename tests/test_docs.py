@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -356,3 +358,45 @@ def test_every_unidist_name_the_docs_and_docstrings_give_exists() -> None:
         if name not in NOT_OBJECTS and not _exists(name)
     )
     assert missing == [], "\n".join(missing)
+
+
+def _python_block(page: str, needle: str) -> str:
+    """The first Python code block of ``docs/<page>`` that contains ``needle``."""
+    blocks = re.findall(r"```python\n(.*?)```", _read(page), flags=re.S)
+    return next(block for block in blocks if needle in block)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("page", ["guides/adapters.md", "guides/testing.md"])
+def test_the_check_adapter_snippets_run_as_saved_scripts(page: str, tmp_path: Path) -> None:
+    """A reader saves the snippet as a script and runs it: it passes (the guide's placeholder
+    adapter is the worked example's)."""
+    code = _python_block(page, "check_adapter(").replace(
+        "my_package.adapter:MyAdapter", "examples.custom_adapter:CountingAdapter"
+    )
+    script = tmp_path / "check.py"
+    script.write_text(code)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+def test_the_guides_reference_and_examples_name_only_public_paths() -> None:
+    """What a user or an adapter author reads imports and documents public paths only (a
+    module whose path has a part starting with ``_`` is unidist's own business)."""
+    pattern = re.compile(r"(?<![\w/.-])unidist(?:\.[A-Za-z_]\w*)+")
+    pages = [path for path in DOCS.rglob("*.md") if path.name not in ("architecture.md",)]
+    files = [*pages, *sorted((ROOT / "examples").glob("*.py"))]
+    private = sorted(
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in set(pattern.findall(path.read_text()))
+        if any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+    )
+    assert private == [], "\n".join(private)

@@ -38,7 +38,12 @@ def test_a_class_can_be_checked_by_import_path() -> None:
 @pytest.mark.parametrize(
     ("target", "clause", "symptom"),
     [
-        ("tests.adapters.broken:ReversedGatherAdapter", "all_gather", "rows[0]"),
+        ("tests.adapters.broken:ReversedGatherAdapter", "all_gather", "ranks [1, 0] in that"),
+        (
+            "tests.adapters.broken:ReversedGatherAdapter",
+            "primitives",
+            "all_gather must return the tensors in rank order",
+        ),
         ("tests.adapters.broken:FloatBroadcastAdapter", "broadcast_tensors", "int64 broadcast"),
     ],
 )

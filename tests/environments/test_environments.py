@@ -166,6 +166,12 @@ class _ReturnsADict(_ClaimsEverything):
         return {"rank": 0}  # type: ignore[return-value]
 
 
+class _RaisesWithAHint(_ReturnsADict):
+    def read(self, env: Mapping[str, str]) -> EnvReading:
+        # unidist's own refusal, whose HINT ends a sentence: "... or unidist launch."
+        return builtin.TorchVariables().read({"WORLD_SIZE": "2"})
+
+
 class _WritesTheEnvironment(_ReturnsADict):
     def read(self, env: Mapping[str, str]) -> EnvReading:
         os.environ["UNIDIST_TEST_WRITTEN"] = "1"
@@ -178,6 +184,7 @@ class _WritesTheEnvironment(_ReturnsADict):
         (_ClaimsEverything, "would claim every single process"),
         (_ReturnsADict, "read returned dict, not an EnvReading"),
         (_WritesTheEnvironment, "changed this process's environment"),
+        (_RaisesWithAHint, "torchrun or unidist launch."),
         (object(), "it has no name, creates_processes, detect, read"),
     ],
 )
@@ -187,7 +194,8 @@ def test_check_environment_names_what_breaks_the_contract(
     try:
         with pytest.raises(ConformanceError, match=symptom) as info:
             check_environment(environment, {"X": "1"})
-        assert symptom in info.value.report["environment"][0]
+        assert symptom.rstrip(".") in info.value.report["environment"][0]
+        assert ".." not in str(info.value).replace("...", "")  # one full stop per sentence
     finally:
         os.environ.pop("UNIDIST_TEST_WRITTEN", None)
 

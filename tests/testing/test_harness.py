@@ -265,3 +265,27 @@ def test_a_hang_is_named_long_before_the_timeout(mode: str, said: str) -> None:
 
 def test_a_straggler_is_no_hang() -> None:
     run_distributed(stuck_in_user_code, "straggler", timeout=120, hang_timeout=3)
+
+
+def test_a_call_at_a_scripts_top_level_says_to_put_it_under_main(tmp_path: Path) -> None:
+    """The new processes import the script again; a call at its top level would have each of
+    them start processes too. What the script's user sees names the fix, not only Python's
+    "bootstrapping phase" error."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import os\n"
+        "from unidist.testing import run_distributed\n"
+        "print(run_distributed(os.getpid, world_size=2, init=False, timeout=60))\n"
+    )
+    src = Path(__file__).resolve().parents[2] / "src"
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0, done.stdout
+    said = done.stdout + done.stderr
+    assert 'HINT: put the call (and check_adapter\'s) under `if __name__ == "__main__":`' in said

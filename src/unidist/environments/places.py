@@ -77,8 +77,8 @@ class Environment(Protocol):
         ...
 
     def read(self, env: Mapping[str, str]) -> EnvReading:
-        """This process's place in the job, from ``env``
-        (see :func:`unidist.environments.topology.finish`).
+        """This process's place in the job, from ``env``: build it with
+        :func:`unidist.environments.reading`, which checks it as unidist's own readings are.
 
         Raises:
             TopologyError: a value is not an integer, is out of range, or contradicts another.

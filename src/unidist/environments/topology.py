@@ -65,6 +65,19 @@ class EnvReading:
 
     ``None`` fields are filled in by :func:`unidist.initialize`, which can ask the other ranks;
     until then the getters that need them raise :class:`TopologyError` instead of guessing.
+
+    Attributes:
+        launcher: what started the process (``"torchrun"``, ``"unidist"``, ``"slurm"``, an
+            environment's name; ``"none"`` for one process).
+        rank, world_size: this process's global rank and the number of processes.
+        local_rank, local_world_size: its rank on its node and the processes on the node.
+        node_rank, num_nodes: its node's index and the number of nodes.
+        master_addr, master_port: where rank 0's store listens, when the launcher says.
+        agent_store: whether the launcher's agent hosts the rendezvous store and the ranks
+            share it (torchrun's ``TORCHELASTIC_USE_AGENT_STORE``); another launcher's
+            environment leaves it False.
+        notes: how each value was found, in order.
+        sources: which variable gave each field, for error messages.
     """
 
     launcher: str = "none"

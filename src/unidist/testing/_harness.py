@@ -205,11 +205,22 @@ def run_distributed(
         ``fn``'s return value from every rank, in rank order.
 
     Raises:
+        ConfigurationError: called at the top level of a script that its new processes import
+            again (put the call under ``if __name__ == "__main__":``), or ``fn`` cannot be
+            pickled.
         DistributedTestError: a rank raised; the message holds every failing rank's traceback,
             tagged by rank, and the output of every rank.
         DistributedTestTimeout: the run did not finish in ``timeout`` seconds.
         DistributedTestHang: no rank made progress for ``hang_timeout`` seconds.
     """
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise ConfigurationError(
+            "run_distributed was called while a process it started was importing the main "
+            "script: the call is at the script's top level, so each new process would start "
+            "processes of its own. HINT: put the call (and check_adapter's) under "
+            '`if __name__ == "__main__":`, as Python\'s multiprocessing asks of every script '
+            "that starts processes."
+        )
     check_int(world_size, "world_size", minimum=1)
     if hang_timeout is not None:
         check_seconds(

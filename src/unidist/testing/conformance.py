@@ -78,9 +78,10 @@ def check_environment(environment: Any, variables: Mapping[str, str]) -> EnvRead
     if _env.environ_copy() != before:
         failures.append("it changed this process's environment (os.environ)")
     if failures or reading is None:
+        said = "; ".join(failure.rstrip(". ") for failure in failures)  # each ends once, here
         raise ConformanceError(
-            f"environment {name!r} breaks the contract: {'; '.join(failures)}.",
-            {"environment": {0: "; ".join(failures)}},
+            f"environment {name!r} breaks the contract: {said}.",
+            {"environment": {0: said}},
         )
     return reading
 
@@ -206,6 +207,17 @@ def clause_all_reduce_numbers() -> None:
     _expect(everyone is True and anyone is True, f"bool ops gave {everyone!r}, {anyone!r}")
 
 
+def _expect_rank_order(what: str, firsts: list[Any]) -> None:
+    """Each rank gathered its own rank number: the tensors must come back in rank order (a
+    set of tensors that is not every rank's once is left to the clause's other checks)."""
+    got = [int(value) for value in firsts]
+    _expect(
+        sorted(got) != list(range(len(got))) or got == sorted(got),
+        f"{what} must return the tensors in rank order (index i holds rank i's), but it "
+        f"returned the tensors of ranks {got} in that order",
+    )
+
+
 def clause_all_gather() -> None:
     """One tensor per rank in rank order, any shape and dtype, 0-d included."""
     import torch
@@ -216,6 +228,7 @@ def clause_all_gather() -> None:
     ints = unidist.all_gather(torch.tensor([rank, -rank], dtype=torch.int64))
     flags = unidist.all_gather(torch.tensor([rank % 2 == 0]))
     _expect(len(rows) == world, f"all_gather returned {len(rows)} tensors for {world} ranks")
+    _expect_rank_order("all_gather", [row.flatten()[0] for row in rows if row.numel()])
     for r in range(world):
         _expect(rows[r].shape == (2, 3) and bool((rows[r] == r).all()), f"rows[{r}] = {rows[r]}")
         _expect(scalars[r].dim() == 0 and scalars[r].item() == r, f"scalars[{r}] = {scalars[r]}")
@@ -369,9 +382,16 @@ def clause_primitives() -> None:
     adapter.barrier(None)
     _expect(reduced.tolist() == [world * (world + 1) / 2], f"primitive all_reduce: {reduced}")
     _expect(
-        [g.tolist() for g in gathered] == [[[r]] for r in range(world)],
-        f"primitive all_gather must return one same-shaped tensor per rank: {gathered}",
+        len(gathered) == world,
+        f"primitive all_gather returned {len(gathered)} tensors for {world} ranks",
     )
+    shapes = [tuple(g.shape) for g in gathered]
+    _expect(
+        all(shape == (1, 1) for shape in shapes),
+        f"primitive all_gather must return one tensor shaped like the input (1, 1) per rank, "
+        f"got shapes {shapes}",
+    )
+    _expect_rank_order("primitive all_gather", [g.flatten()[0] for g in gathered])
     _expect(sent.tolist() == [0], f"primitive broadcast: {sent}")
 
 
