@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,22 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def on_a_free_port(
+    run: Callable[[str], subprocess.CompletedProcess[str]], tries: int = 3
+) -> tuple[str, subprocess.CompletedProcess[str]]:
+    """``run(port)`` with a port that was free when chosen, and again with another when some
+    other process bound it first (the launcher says EADDRINUSE for that port): the race between
+    choosing a port and the job binding it is the test's, not the launcher's. Returns the port
+    of the last try and its result."""
+    for _ in range(tries):
+        port = str(free_port())
+        done = run(port)
+        said = done.stdout + done.stderr
+        if done.returncode == 0 or "EADDRINUSE" not in said or port not in said:
+            break
+    return port, done
 
 
 def c10d(port: int, nnodes: str, log_dir: Path, *extra: str) -> list[str]:

@@ -14,8 +14,8 @@ from tests._waiting import wait_for
 from tests.launch.helpers import (
     JOB,
     assert_nothing_left,
-    free_port,
     launch,
+    on_a_free_port,
     printed,
     run_folder,
     run_folders,
@@ -145,12 +145,17 @@ def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
 def test_a_restart_that_succeeds_is_a_success(tmp_path: Path, rendezvous: str) -> None:
     # Rank 1 fails on the first attempt and succeeds on the second: the job succeeded. (torch's
     # agent reuses one store across restarts: gloo must not read the first attempt's keys.)
-    nodes = ["--nnodes", "1", "--node-rank", "0", "--master-port", str(free_port())]
-    form = nodes if rendezvous == "static" else []
-    done = launch("-n", "2", *form, "--max-restarts", "1", "--log-dir", str(tmp_path), JOB, "flaky")
+
+    def attempt(port: str) -> subprocess.CompletedProcess[str]:
+        nodes = ["--nnodes", "1", "--node-rank", "0", "--master-port", port]
+        form = nodes if rendezvous == "static" else []
+        logs = str(tmp_path / f"port-{port}")
+        return launch("-n", "2", *form, "--max-restarts", "1", "--log-dir", logs, JOB, "flaky")
+
+    port, done = on_a_free_port(attempt)
     assert done.returncode == 0, done.stderr
     assert "the job failed" not in done.stderr
-    folder = run_folder(tmp_path)
+    folder = run_folder(tmp_path / f"port-{port}")
     assert "fails on the first attempt" in (folder / "attempt0" / "rank1.stderr.log").read_text()
     assert "rank 1 total 3.0" in (folder / "attempt1" / "rank1.stdout.log").read_text()
     # One line says so, and what the replaced attempt died of (there was none).

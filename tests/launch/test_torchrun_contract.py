@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.helpers import LOGS_SPECS, free_port, launch, run_folder
+from tests.launch.helpers import LOGS_SPECS, free_port, launch, on_a_free_port, run_folder
 
 pytestmark = pytest.mark.multiprocess
 
@@ -117,8 +117,9 @@ dist.destroy_process_group()
 def test_master_port_on_one_node_is_the_agents_store(tmp_path: Path) -> None:
     """As under torchrun: init_method="tcp://localhost:P" reaches the agent's store at P."""
     script = _script(tmp_path, "init_tcp.py", INIT_TCP)
-    port = str(free_port())
-    done = launch("-n", "2", "--master-port", port, str(script), port)
+    _, done = on_a_free_port(
+        lambda port: launch("-n", "2", "--master-port", port, str(script), port)
+    )
     assert done.returncode == 0, done.stderr
     assert "rank 1 total 2.0" in done.stdout
 
@@ -127,13 +128,17 @@ def test_master_port_from_torchrun_gives_the_same_master_addr(tmp_path: Path) ->
     script = _script(tmp_path, "dump.py", DUMP)
     (tmp_path / "torchrun").mkdir()
     (tmp_path / "unidist").mkdir()
-    port = str(free_port())
-    done = _torchrun(
-        "--nproc-per-node", "2", "--master-port", port, str(script), "torchrun", cwd=tmp_path
+    _, done = on_a_free_port(
+        lambda port: _torchrun(
+            "--nproc-per-node", "2", "--master-port", port, str(script), "torchrun", cwd=tmp_path
+        )
     )
     assert done.returncode == 0, done.stderr
-    port = str(free_port())
-    ours = launch("-n", "2", "--master-port", port, str(script), str(tmp_path / "unidist"))
+    port, ours = on_a_free_port(
+        lambda port: launch(
+            "-n", "2", "--master-port", port, str(script), str(tmp_path / "unidist")
+        )
+    )
     assert ours.returncode == 0, ours.stderr
     theirs, mine = _dumps(tmp_path / "torchrun")[1], _dumps(tmp_path / "unidist")[1]
     assert (mine["MASTER_ADDR"], mine["MASTER_PORT"]) == (theirs["MASTER_ADDR"], port)
