@@ -142,10 +142,7 @@ class ResumableState:
                 "optimizer= was given without model=: the optimizer's state is saved by "
                 "parameter name, which comes from the model. HINT: pass model= too."
             )
-        if loader is not None and not (
-            callable(getattr(loader, "state_dict", None))
-            and callable(getattr(loader, "load_state_dict", None))
-        ):
+        if loader is not None and not _inputs.has_state(loader):
             raise ConfigurationError(
                 f"loader={type(loader).__name__} has no state_dict()/load_state_dict(), so "
                 "its position in the epoch cannot be saved. HINT: use unidist.auto_dataloader "

@@ -13,10 +13,18 @@ from unidist.errors import ConfigurationError
 from unidist.resume import _manifest as records
 from unidist.samplers import DistributedSampler
 
-__all__ = ["check_json", "check_stateful", "epoch_of", "set_epoch"]
+__all__ = ["check_json", "check_stateful", "epoch_of", "has_state", "set_epoch"]
 
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}\Z")
+
+
+def has_state(obj: object) -> bool:
+    """Whether ``obj`` can be saved and restored: it has ``state_dict()`` and
+    ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
 
 
 def check_stateful(stateful: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -35,10 +43,7 @@ def check_stateful(stateful: Mapping[str, Any] | None) -> dict[str, Any]:
                 "not starting with a digit), since torch's checkpoint keys are built from "
                 "them. HINT: stateful={'scheduler': ...}."
             )
-        if not (
-            callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None))
-        ):
+        if not has_state(obj):
             raise ConfigurationError(
                 f"stateful[{name!r}] is a {type(obj).__name__}, which has no "
                 "state_dict()/load_state_dict(). HINT: pass objects such as LR schedulers, "
